@@ -253,6 +253,10 @@ def test_an_inline_ask_racing_a_resume_keeps_one_message_at_a_time_in_order():
             journal.event(key).set()
             asker.join(10)
             assert box.get("v") == key
+            # handled with no further put: the end of the inline handler resumes the loop
+            tag = f"t{rnd}"
+            assert journal.wait_for(lambda entries, tag=tag: sum(
+                1 for e in entries if e[0] == "seq" and e[2] == tag) == 5, timeout=10)
             assert handle.ask(Seq(sender=f"t{rnd}", n=5), timeout=20) == ("i", 5, 1)
         for key, ns in _by_sender(journal).items():
             assert ns == list(range(6)), (key, ns)
@@ -490,3 +494,26 @@ def test_shutdown_with_hundreds_of_idle_actors_leaks_no_thread():
     assert all(not handle.alive for handle in handles_)
     assert poll_until(lambda: _busy_threads() <= baseline, timeout=10), (_busy_threads(), baseline)
     assert LOOP_THREADS.parked <= LOOP_THREADS.max_parked
+
+
+class CutLoose(Recorder):
+    def after_cut_loose(self) -> None:
+        self.journal.add("cut loose ended", self.name, self.incarnation)
+        self.journal.event("cut loose ended").set()
+
+
+def test_an_incarnation_cut_loose_while_idle_without_thread_ends_when_its_mailbox_closes():
+    """A brutal stop (abandon, then close) of an actor waiting without a thread: the close
+    resumes its loop, which finds the mailbox closed and ends (after_cut_loose runs)."""
+    journal = Journal()
+    with ActorSystem() as system:
+        handle = system.spawn(ChildSpec("k", recorder("k", journal, CutLoose), restart=Restart.TEMPORARY))
+        handle.ask(Seq(sender="warm", n=0), timeout=10)
+        assert poll_until(_all_idle_without_thread)
+        handle.abandon()
+        assert not journal.event("cut loose ended").is_set()  # nothing came: it still waits, threadless
+        handle.close("brutal stop")
+        assert journal.event("cut loose ended").wait(10)
+        assert journal.count("cut loose ended", "k", 1) == 1
+        with pytest.raises(ActorStopped):
+            handle.ask(Seq(sender="late", n=1), timeout=5)
