@@ -42,10 +42,14 @@ from castor.supervision.handle import ActorHandle
 from castor.supervision.kinds import ActorKilled, ControlKind, ExitKind, InjectedCrash
 from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch, Mailbox
 from castor.supervision.threads import LOOP_THREADS
-from castor.supervision.timers import CancelToken, tell_later
+from castor.supervision.timers import CancelToken, call_later, tell_later
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+_RESUME_RETRY_S = 0.01
+"""How soon a resume that found no thread is tried again (doubling up to _RESUME_RETRY_MAX_S)."""
+_RESUME_RETRY_MAX_S = 1.0
 
 _ON_LOOP = threading.local()
 """The handle whose incarnation's loop runs on this thread (set once per incarnation)."""
@@ -197,9 +201,36 @@ class Actor(pykka.ThreadingActor):
         context the loop left in. Called under the mailbox's lock, on the thread that put."""
         try:
             LOOP_THREADS.run(functools.partial(context.run, self._actor_loop_resumed), type(self).__name__)
-        except BaseException as exc:
-            logger.opt(exception=exc).error(f"{self.handle.path}: no thread to handle its mail; retried at the next")
-            raise
+        except Exception as exc:
+            # No thread to be had now. The resumer is spent (no later put would find it), and a
+            # stop or a close may be the last thing that ever comes: retry on the timer thread
+            # until a thread is had. Only when not even a timer can be set does the mailbox keep
+            # the resumer for the next put (see mailbox._Resumer).
+            owner = threading.Lock()  # one continuation: the timer's retry or the mailbox's
+            try:
+                self._retry_resume(context, _RESUME_RETRY_S, owner)
+            except Exception:  # noqa: BLE001 - the mailbox's own retry (the next put) is left
+                if owner.acquire(False):  # a retry queued with a timer that never started stays void
+                    logger.opt(exception=exc).error(
+                        f"{self.handle.path}: no thread to handle its mail; retried at the next")
+                    raise exc from None
+            logger.opt(exception=exc).error(f"{self.handle.path}: no thread to handle its mail; retried shortly")
+
+    def _retry_resume(self, context: contextvars.Context, delay: float, owner: threading.Lock | None) -> None:
+        """Try :meth:`_resume_loop`'s hand-off again in ``delay`` seconds, on the timer thread,
+        backing off to :data:`_RESUME_RETRY_MAX_S` while no thread can be had. ``owner``: taken
+        by the first retry (None once taken), unless the mailbox took the continuation back."""
+
+        def retry() -> None:
+            if owner is not None and not owner.acquire(False):
+                return  # the timer could not be set after all: the mailbox's next put resumes
+            try:
+                LOOP_THREADS.run(functools.partial(context.run, self._actor_loop_resumed), type(self).__name__)
+            except Exception as exc:  # noqa: BLE001 - still no thread: again, later
+                logger.opt(exception=exc).error(f"{self.handle.path}: still no thread to handle its mail")
+                self._retry_resume(context, min(delay * 2, _RESUME_RETRY_MAX_S), None)
+
+        call_later(delay, retry, owner=self.handle.path)
 
     def _start_actor_loop(self, loop: Callable[[], None]) -> None:  # type: ignore[override]  # pykka's signature takes no loop; castor's start hands its own
         """Run ``loop`` (the whole loop, or what follows an on_start run on the caller) on a parked

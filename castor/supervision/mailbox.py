@@ -193,8 +193,9 @@ class _Resumer:
     Released (under the mailbox's lock, as a parked consumer's lock is) it calls ``resume`` with
     the context the consumer left in. ``resume`` must only hand the consumer's continuation to a
     thread (it must not call back into this mailbox) and say itself why it failed, if it does.
-    If it raises (no thread to be had), the resumer goes back among the waiters of an open
-    mailbox, so the next put retries; the put itself succeeded and does not raise."""
+    If it raises (no thread to be had, and the consumer could not arrange a retry of its own),
+    the resumer goes back among the waiters of an open mailbox, so the next put retries; the put
+    itself succeeded and does not raise."""
 
     __slots__ = ("resume", "context", "mailbox")
 

@@ -517,3 +517,69 @@ def test_an_incarnation_cut_loose_while_idle_without_thread_ends_when_its_mailbo
         assert journal.count("cut loose ended", "k", 1) == 1
         with pytest.raises(ActorStopped):
             handle.ask(Seq(sender="late", n=1), timeout=5)
+
+
+class Tracked(Recorder):
+    def on_terminate(self, cause) -> None:
+        self.journal.add("terminated", self.name, str(cause))
+
+
+def _fail_once(monkeypatch, cls_name: str) -> list[str]:
+    real = actor_module.LOOP_THREADS.run
+    failed: list[str] = []
+
+    def run(task, name):
+        if name == cls_name and not failed:
+            failed.append(name)
+            raise RuntimeError("can't start new thread")
+        return real(task, name)
+
+    monkeypatch.setattr(actor_module.LOOP_THREADS, "run", run)
+    return failed
+
+
+def test_a_stop_whose_resume_finds_no_thread_still_stops_cleanly(monkeypatch):
+    """No further put comes after a stop: the loop must still be resumed (retried), the stop
+    handled by on_terminate -- not left to the shutdown timeout and a brutal cut-loose."""
+    journal = Journal()
+    with ActorSystem() as system:
+        handle = system.spawn(ChildSpec("t", recorder("t", journal, Tracked), restart=Restart.TEMPORARY,
+                                        shutdown_timeout=20.0))
+        handle.ask(Seq(sender="warm", n=0), timeout=10)
+        assert poll_until(_all_idle_without_thread)
+        failed = _fail_once(monkeypatch, "Tracked")
+        assert not handle.stop(0)  # the stop's resume fails: nothing else will come
+        assert failed == ["Tracked"]
+        assert handle.wait_exited(10)  # before: only the next put (none) resumed it
+        assert journal.count("terminated", "t", "stopped") == 1
+
+
+def test_a_close_whose_resume_finds_no_thread_still_ends_the_cut_loose_incarnation(monkeypatch):
+    journal = Journal()
+    with ActorSystem() as system:
+        handle = system.spawn(ChildSpec("k", recorder("k", journal, CutLoose), restart=Restart.TEMPORARY))
+        handle.ask(Seq(sender="warm", n=0), timeout=10)
+        assert poll_until(_all_idle_without_thread)
+        failed = _fail_once(monkeypatch, "CutLoose")
+        handle.abandon()
+        handle.close("brutal stop")  # the resume fails; a closed mailbox gets no further put
+        assert failed == ["CutLoose"]
+        assert journal.event("cut loose ended").wait(10)  # before: never (the resumer was dropped)
+
+
+def test_with_no_thread_and_no_timer_the_next_put_resumes_the_loop(monkeypatch):
+    journal = Journal()
+    with ActorSystem() as system:
+        handle = system.spawn(ChildSpec("n", recorder("n", journal), restart=Restart.TEMPORARY))
+        handle.ask(Seq(sender="warm", n=0), timeout=10)
+        assert poll_until(_all_idle_without_thread)
+        failed = _fail_once(monkeypatch, "Recorder")
+
+        def no_timer(*_args, **_kwargs):
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(actor_module, "call_later", no_timer)
+        handle.tell(Seq(sender="q", n=1))  # queued; no thread, no retry: the mailbox keeps the resumer
+        assert failed == ["Recorder"]
+        assert handle.ask(Seq(sender="q", n=2), timeout=10) == ("n", 2, 1)
+        assert _by_sender(journal)["n:q"] == [1, 2]
