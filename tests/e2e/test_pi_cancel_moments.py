@@ -28,6 +28,7 @@ from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
     completes,
+    continue_completes_the_review,
     error_toasts,
     esc_mid_stream,
     events,
@@ -363,13 +364,7 @@ def test_esc_while_the_next_sockets_turn_waits_behind_the_users_run_interrupts_t
     pi.wait_ui("setStatus", lambda e: str(e.get("statusText", "")).startswith("materia: interrupted at Socket-2"),
                start=esc, timeout=5)
     assert error_toasts(pi, begin) == []
-    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
-    cont = pi.command("/materia continue")
-    done = wait_cast_end(pi, run)
-    assert done[-1]["data"]["ok"] is True, done[-1]
-    assert completes(run) == ["Socket-1", "Socket-2"]
-    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
-    assert error_toasts(pi, cont) == []
+    continue_completes_the_review(pi, run, fake_llm)
 
 
 def test_pi_terminated_mid_turn_leaves_the_cast_resumable_not_interrupted(start_pi, castor_command, fake_llm,

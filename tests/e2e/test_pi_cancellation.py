@@ -122,6 +122,18 @@ def wait_cast_end(pi: PiRpc, run: Path, timeout: float = 20.0) -> list[dict[str,
     return events(run)
 
 
+def continue_completes_the_review(pi: PiRpc, run: Path, fake_llm) -> None:
+    """The cast interrupted at the Reviewer's socket: ``/materia continue`` runs that turn once
+    (the model asked for it once more) and the cast completes, with no error toast."""
+    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
+    cont = pi.command("/materia continue")
+    done = wait_cast_end(pi, run)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
+    assert error_toasts(pi, cont) == []
+
+
 def settled_after(pi: PiRpc, start: int) -> dict[str, Any]:
     return pi.wait_for(lambda e: e.get("type") == "agent_settled", start=start, timeout=10)
 

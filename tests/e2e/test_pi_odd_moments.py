@@ -24,6 +24,7 @@ from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
     completes,
+    continue_completes_the_review,
     error_toasts,
     events,
     project,
@@ -269,13 +270,7 @@ def test_an_abort_as_castor_restarts_a_turn_waiting_behind_the_users_run_stops_i
         [e["type"] for e in events(run)]
     settled_after(pi, esc)
     assert requests_with(fake_llm, "REVIEWER-MATERIA") == []
-    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
-    cont = pi.command("/materia continue")
-    done = wait_cast_end(pi, run)
-    assert done[-1]["data"]["ok"] is True, done[-1]
-    assert completes(run) == ["Socket-1", "Socket-2"]
-    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
-    assert error_toasts(pi, cont) == []
+    continue_completes_the_review(pi, run, fake_llm)
 
 
 def test_an_abort_right_after_a_turn_answers_stops_the_casts_next_turn(start_pi, castor_command, fake_llm, tmp_path):
@@ -303,13 +298,7 @@ def test_an_abort_right_after_a_turn_answers_stops_the_casts_next_turn(start_pi,
     assert "/materia continue" in str(note["message"]), note
     assert completes(run) == ["Socket-1"]
     assert error_toasts(pi, begin) == []
-    fake_llm.reply_text("REVIEWED-OK", when="REVIEWER-MATERIA")
-    cont = pi.command("/materia continue")
-    done = wait_cast_end(pi, run)
-    assert done[-1]["data"]["ok"] is True, done[-1]
-    assert completes(run) == ["Socket-1", "Socket-2"]
-    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1
-    assert error_toasts(pi, cont) == []
+    continue_completes_the_review(pi, run, fake_llm)
 
 
 def test_an_abort_right_after_a_turn_answers_does_not_stop_a_utility_socket_nor_the_turn_after_it(

@@ -21,9 +21,9 @@ from castor.messages.errors import ActorStopped
 from castor.supervision import Actor, ActorSystem, ChildSpec, Restart, handles
 from castor.supervision import actor as actor_module
 from castor.supervision.kinds import HandleState
-from castor.supervision.mailbox import Mailbox
 from castor.supervision.threads import LOOP_THREADS, LoopThreads
 from tests.supervision.helpers import Journal, poll_until
+from tests.supervision.test_idle_actors_hold_no_thread import _threads_in_get
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,15 +98,6 @@ def recorder(name: str, journal: Journal, cls: type[Recorder] = Recorder):
     return lambda: cls(name, journal)
 
 
-def _threads_in_get() -> int:
-    count = 0
-    for frame in sys._current_frames().values():
-        while frame is not None:
-            if frame.f_code is Mailbox.get.__code__:
-                count += 1
-                break
-            frame = frame.f_back
-    return count
 
 
 def _busy_threads() -> int:
