@@ -586,6 +586,11 @@ def _kill_descendants_and_exit(signum: int, _frame: Any) -> None:
         sys.stderr.flush()
     except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, from inside a blocked one
         pass
+    # A relayed stderr (a pipe: castor's own pipe and its relay thread) gets that line before the exit,
+    # which would end the relay with it (a reader that stalls is not waited for past the catch-up's bound)
+    from castor.cli.common import stderr_caught_up
+
+    stderr_caught_up()
     os._exit(128 + signum)
 
 
