@@ -10,11 +10,13 @@ Each test saves what the browser showed under ``$TMPDIR/castor-console-shots``;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -44,6 +46,25 @@ def _shot(driver, name: str) -> Path:
     path = SHOTS / name
     driver.save_screenshot(str(path))
     return path
+
+
+@contextlib.contextmanager
+def _a_bare_console(browser) -> Iterator[None]:
+    """A console (no token) on a runtime of its own with nothing in it, its page open in ``browser``
+    once the first push drew it; the test then renders documents of its own there. Both stop after."""
+    from castor.console import server
+    from castor.runtime import Runtime, RuntimeSettings
+
+    runtime = Runtime(RuntimeSettings())
+    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
+    try:
+        browser.get(console.url)
+        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
+                 what="the first push")
+        yield
+    finally:
+        console.stop()
+        runtime.shutdown(10)
 
 
 def test_the_tree_shows_every_running_casts_actors(browser, busy_console):
@@ -339,15 +360,7 @@ def test_a_long_wait_reads_in_minutes_hours_and_days_not_thousands_of_seconds(br
     deadline an hour away "deadline in 3600.0 s": an operator had to divide to tell which cast is
     stuck and for how long. A minute or more now reads in minutes, hours and days; under a minute
     as before."""
-    from castor.console import server
-    from castor.runtime import Runtime, RuntimeSettings
-
-    runtime = Runtime(RuntimeSettings())
-    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
-    try:
-        browser.get(console.url)
-        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
-                 what="the first push")
+    with _a_bare_console(browser):
         box = {"depth": 0, "oldest_age_s": None}
 
         def actor(path: str, age: float, deadline: float | None) -> dict:
@@ -371,9 +384,6 @@ def test_a_long_wait_reads_in_minutes_hours_and_days_not_thousands_of_seconds(br
         line = browser.execute_script("return document.querySelector('[data-cast=\"c1\"]').textContent")
         assert line == "c1 awaiting the agent's turn for 5 h 02 min, deadline in 1 h 00 min", line
         _shot(browser, "long-waits.png")
-    finally:
-        console.stop()
-        runtime.shutdown(10)
 
 
 def test_a_since_that_is_not_today_reads_with_its_date(browser):
@@ -383,15 +393,7 @@ def test_a_since_that_is_not_today_reads_with_its_date(browser):
     today as before."""
     import re
 
-    from castor.console import server
-    from castor.runtime import Runtime, RuntimeSettings
-
-    runtime = Runtime(RuntimeSettings())
-    console = server.ConsoleServer(runtime, "127.0.0.1", 0, token=None).start()
-    try:
-        browser.get(console.url)
-        wait_for(lambda: browser.execute_script("return document.querySelectorAll('#tree tr').length"), timeout=15,
-                 what="the first push")
+    with _a_bare_console(browser):
 
         def crashed(path: str, age: float) -> dict:
             return {"path": path, "kind": "SocketActor", "state": "crashed", "incarnation": 1, "restarts": 0,
@@ -412,6 +414,3 @@ def test_a_since_that_is_not_today_reads_with_its_date(browser):
         assert re.search(rf" — since {day} \d", said["/root/yesterday"]), said
         assert re.search(r" — since \d{1,2}:\d\d", said["/root/now"]), said  # today's: its time alone
         assert not re.search(r"\d{4}-\d\d-\d\d", said["/root/now"]), said
-    finally:
-        console.stop()
-        runtime.shutdown(10)
