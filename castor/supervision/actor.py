@@ -40,7 +40,7 @@ from castor.messages.errors import ActorStopped, CastorError, Retired
 from castor.supervision.fault_plan import kill_process_trees
 from castor.supervision.handle import ActorHandle
 from castor.supervision.kinds import ActorKilled, ControlKind, ExitKind, InjectedCrash
-from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch, Mailbox
+from castor.supervision.mailbox import REJECTED, Control, Envelope, Latch, Mailbox, _Resumer
 from castor.supervision.threads import LOOP_THREADS
 from castor.supervision.timers import CancelToken, call_later, tell_later
 
@@ -195,12 +195,13 @@ class Actor(pykka.ThreadingActor):
         if self._actor_loop_running(resumed=True):
             self._actor_loop_teardown()
 
-    def _resume_loop(self, context: contextvars.Context) -> None:
+    def _resume_loop(self, resumer: _Resumer) -> None:
         """The mailbox has something for this incarnation, which left its loop thread while it
         waited (see :meth:`_handle_messages`): run the rest of the loop on a loop thread, in the
-        context the loop left in. Called under the mailbox's lock, on the thread that put."""
+        context the loop left in (once: see mailbox._Resumer). Called under the mailbox's lock,
+        on the thread that put."""
         try:
-            LOOP_THREADS.run(functools.partial(context.run, self._actor_loop_resumed), type(self).__name__)
+            LOOP_THREADS.run(functools.partial(resumer.run, self._actor_loop_resumed), type(self).__name__)
         except Exception as exc:
             # No thread to be had now. The resumer is spent (no later put would find it), and a
             # stop or a close may be the last thing that ever comes: retry on the timer thread
@@ -208,7 +209,7 @@ class Actor(pykka.ThreadingActor):
             # the resumer for the next put (see mailbox._Resumer).
             owner = threading.Lock()  # one continuation: the timer's retry or the mailbox's
             try:
-                self._retry_resume(context, _RESUME_RETRY_S, owner)
+                self._retry_resume(resumer, _RESUME_RETRY_S, owner)
             except Exception:  # noqa: BLE001 - the mailbox's own retry (the next put) is left
                 if owner.acquire(False):  # a retry queued with a timer that never started stays void
                     logger.opt(exception=exc).error(
@@ -216,7 +217,7 @@ class Actor(pykka.ThreadingActor):
                     raise exc from None
             logger.opt(exception=exc).error(f"{self.handle.path}: no thread to handle its mail; retried shortly")
 
-    def _retry_resume(self, context: contextvars.Context, delay: float, owner: threading.Lock | None) -> None:
+    def _retry_resume(self, resumer: _Resumer, delay: float, owner: threading.Lock | None) -> None:
         """Try :meth:`_resume_loop`'s hand-off again in ``delay`` seconds, on the timer thread,
         backing off to :data:`_RESUME_RETRY_MAX_S` while no thread can be had. ``owner``: taken
         by the first retry (None once taken), unless the mailbox took the continuation back."""
@@ -225,10 +226,10 @@ class Actor(pykka.ThreadingActor):
             if owner is not None and not owner.acquire(False):
                 return  # the timer could not be set after all: the mailbox's next put resumes
             try:
-                LOOP_THREADS.run(functools.partial(context.run, self._actor_loop_resumed), type(self).__name__)
+                LOOP_THREADS.run(functools.partial(resumer.run, self._actor_loop_resumed), type(self).__name__)
             except Exception as exc:  # noqa: BLE001 - still no thread: again, later
                 logger.opt(exception=exc).error(f"{self.handle.path}: still no thread to handle its mail")
-                self._retry_resume(context, min(delay * 2, _RESUME_RETRY_MAX_S), None)
+                self._retry_resume(resumer, min(delay * 2, _RESUME_RETRY_MAX_S), None)
 
         call_later(delay, retry, owner=self.handle.path)
 

@@ -16,7 +16,9 @@ Guarantees:
 * **A consumer need not hold a thread while it waits.** ``get(resume)`` on an empty mailbox
   returns None at once and leaves a *resumer* where a parked consumer's lock would be: whatever
   would have woken the consumer (a put, a control item, the end of an inline handler, a close)
-  calls ``resume`` instead, once, with the consumer's context, under the mailbox's lock. To
+  calls ``resume`` instead, with the resumer, under the mailbox's lock, and the consumer's
+  continuation runs once, in the context it left in (``resumer.run``), even where a
+  ``KeyboardInterrupt`` on the putting thread made the hand-off twice. To
   everything else (``claim_idle`` included) the consumer looks parked in ``get``.
 """
 
@@ -191,27 +193,50 @@ class _Resumer:
     """Stands in the waiters' list for a consumer that left ``get`` instead of blocking in it.
 
     Released (under the mailbox's lock, as a parked consumer's lock is) it calls ``resume`` with
-    the context the consumer left in. ``resume`` must only hand the consumer's continuation to a
-    thread (it must not call back into this mailbox) and say itself why it failed, if it does.
-    If it raises (no thread to be had, and the consumer could not arrange a retry of its own),
-    the resumer goes back among the waiters of an open mailbox, so the next put retries; the put
-    itself succeeded and does not raise."""
+    itself: ``resume`` must only hand the consumer's continuation to a thread, as
+    ``resumer.run(continuation)`` (it must not call back into this mailbox), and say itself why it
+    failed, if it does. If it raises (no thread to be had, and the consumer could not arrange a
+    retry of its own), the resumer goes back among the waiters of an open mailbox, so the next put
+    retries; the put itself succeeded and does not raise.
 
-    __slots__ = ("resume", "context", "mailbox")
+    An interrupt raised on the releasing thread inside the hand-off (``KeyboardInterrupt``: Ctrl-C
+    lands on the main thread between any two steps, and a put made there releases resumers) used
+    to take the resumer with it: the consumer was never resumed. The hand-off is now made again
+    until one runs through, then the interrupt goes on; :meth:`run` runs the continuation once
+    however often it was handed (the interrupt may have come after a hand-off that took)."""
 
-    def __init__(self, resume: Callable[[contextvars.Context], None], context: contextvars.Context,
+    __slots__ = ("resume", "context", "mailbox", "_once")
+
+    def __init__(self, resume: Callable[[_Resumer], None], context: contextvars.Context,
                  mailbox: Mailbox) -> None:
         self.resume = resume
         self.context = context
         self.mailbox = mailbox
+        self._once = _allocate_lock()
+
+    def run(self, continuation: Callable[..., Any], *args: Any) -> Any:
+        """``continuation(*args)`` in the context the consumer left ``get`` in (as
+        :meth:`contextvars.Context.run`), unless a hand-off of it has already run it (or runs it
+        now): then nothing, None."""
+        if self._once.acquire(False):
+            return self.context.run(continuation, *args)
+        return None
 
     def release(self) -> None:
-        try:
-            self.resume(self.context)
-        except Exception:  # noqa: BLE001 - e.g. "can't start new thread": retried by the next put
-            mailbox = self.mailbox  # its lock is held: the resumer is part of its waiters' state
-            if mailbox._closed is None:  # noqa: SLF001 - the mailbox's own helper
-                mailbox._waiters.append(self)  # noqa: SLF001 - the mailbox's own helper
+        interrupt: BaseException | None = None
+        while True:
+            try:
+                self.resume(self)
+            except Exception:  # noqa: BLE001 - e.g. "can't start new thread": retried by the next put
+                mailbox = self.mailbox  # its lock is held: the resumer is part of its waiters' state
+                if mailbox._closed is None:  # noqa: SLF001 - the mailbox's own helper
+                    mailbox._waiters.append(self)  # noqa: SLF001 - the mailbox's own helper
+            except BaseException as exc:  # noqa: BLE001 - an interrupt mid-hand-off: hand off again, then raise it
+                interrupt = exc
+                continue
+            break
+        if interrupt is not None:
+            raise interrupt
 
 
 class MailboxClosed(Exception):
@@ -299,14 +324,15 @@ class Mailbox:
                 self._waiters.pop(0).release()
 
     # -- the consumer ----------------------------------------------------
-    def get(self, resume: Callable[[contextvars.Context], None] | None = None,
+    def get(self, resume: Callable[[_Resumer], None] | None = None,
             linger: float = 0.0) -> Envelope | Control | None:
         """Block until a control item or an envelope is available; controls first. Once the
         mailbox is closed and drained, a stop (the reader's loop must end: nothing more will come).
 
         With ``resume``, block at most ``linger`` seconds: when nothing has come by then, return
-        None and call ``resume(context)`` (the caller's :func:`contextvars.copy_context`) when
-        something does, on the thread that makes it available (see the module's guarantees)."""
+        None and call ``resume(resumer)`` when something does (``resumer.run(continuation)`` runs
+        ``continuation`` once, in the caller's :func:`contextvars.copy_context`), on the thread
+        that makes it available (see the module's guarantees)."""
         lock = self._lock
         with lock:
             lingered = linger <= 0
