@@ -37,6 +37,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -156,6 +157,39 @@ def _json_int(text: str) -> int | float:
 
 # One decoder for every answer (a decoder made per answer is a reference cycle).
 _DECODER = json.JSONDecoder(parse_int=_json_int)
+
+#: How deep an answer's JSON is read when the whole of it is nested past what Python's reader takes.
+MAX_ANSWER_DEPTH = 64
+#: What stands for a value cut at :data:`MAX_ANSWER_DEPTH` (a string: a figure cut so reads as not a number).
+CUT_TOO_DEEP = f"(nested deeper than {MAX_ANSWER_DEPTH} levels: not read)"
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]+|[\]}]+')  # a string, or a run of openings or closings
+
+
+def _cut_too_deep(text: str) -> str:
+    """``text`` (JSON that Python's reader refused for its nesting, ``RecursionError``) with every
+    array or object deeper than :data:`MAX_ANSWER_DEPTH` levels replaced by :data:`CUT_TOO_DEEP`:
+    an answer whose ``usage`` (or any other field) nests past a thousand levels is still read, and
+    what was cut reads as an unreadable value where it is used (a usage figure: named, not counted).
+    Text that is no JSON stays none (the reader refuses it as before). Runs of brackets are taken
+    whole: 16 MiB of them take a fraction of a second."""
+    out: list[str] = []
+    kept = depth = 0
+    cut_from = -1  # where the value being cut opened, while one is
+    for token in _JSON_TOKENS.finditer(text):
+        mark = token.group()
+        if mark[0] == '"':
+            continue
+        if mark[0] in "[{":
+            if cut_from < 0 and depth + len(mark) > MAX_ANSWER_DEPTH:
+                cut_from = token.start() + max(0, MAX_ANSWER_DEPTH - depth)  # the bracket one level too deep
+            depth += len(mark)
+        else:
+            if cut_from >= 0 and depth - len(mark) <= MAX_ANSWER_DEPTH:
+                out += (text[kept:cut_from], json.dumps(CUT_TOO_DEEP))
+                kept, cut_from = token.start() + depth - MAX_ANSWER_DEPTH, -1  # the closing back at the limit
+            depth -= len(mark)
+    out.append(text[kept:])
+    return "".join(out)
 
 
 def _read_body(response: http.client.HTTPResponse) -> bytes:
@@ -314,6 +348,15 @@ class OpenAIChatAgent:
         finally:
             conn.close()
 
+    @staticmethod
+    def _decode_cut(text: str) -> Any:
+        """An answer nested too deep for Python's reader, read with its deepest values cut
+        (:func:`_cut_too_deep`); None if it is no JSON even so."""
+        try:
+            return _DECODER.decode(_cut_too_deep(text))
+        except (ValueError, RecursionError):
+            return None
+
     def _interpret(self, turn_id: str, status: int, raw: bytes) -> TurnOutcome:
         if len(raw) > MAX_BODY_BYTES:
             return error_outcome(turn_id, "invalid response: body larger than 16 MiB", "invalid_response",
@@ -321,7 +364,9 @@ class OpenAIChatAgent:
         text = raw.decode("utf-8", errors="replace")
         try:
             body: Any = _DECODER.decode(text)
-        except (ValueError, RecursionError):  # not JSON, or JSON past Python's limits: the raw text is reported
+        except RecursionError:  # nested past what Python reads: read with the deepest values cut
+            body = self._decode_cut(text)
+        except ValueError:  # not JSON: the raw text is reported
             body = None
         provider_error = body.get("error") if isinstance(body, dict) else None
         if status >= 400 or provider_error is not None:

@@ -311,3 +311,38 @@ def test_an_integer_past_pythons_digit_limit_in_the_usage_is_capped_and_the_answ
     assert usage.tokens.input == MAX_FIGURE and usage.tokens.output == 0
     json.dumps(usage_map(out))  # the map stays writable
     agent.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["a figure", "an unknown field", "the usage itself"])
+def test_a_usage_nested_thousands_of_levels_deep_keeps_the_answer_and_names_what_it_could_not_read(server, where):
+    """A usage nested past Python's reader (some 1,000 levels: ``RecursionError``) made the answered
+    turn an ``invalid_response`` "not a chat completion", the answer lost to an odd telemetry field.
+    The answer is read with what nests past 64 levels cut: the answer stands, a figure cut is named
+    unreadable and counts as not reported, the rest of the usage counts."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage, unreadable_figures
+
+    deep = "[" * 100_000 + "]" * 100_000
+    server.mode = "odd_usage"
+    server.usage_text = {"a figure": '{"prompt_tokens": 12, "completion_tokens": ' + deep + "}",
+                         "an unknown field": '{"prompt_tokens": 12, "completion_tokens": 3, "trace": {"x": '
+                                             + deep + "}}",
+                         "the usage itself": deep}[where]
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.ok and out.text == "answered", out
+    usage = usage_map(out)
+    json.dumps(usage)  # the map stays writable (and shallow)
+    if where == "the usage itself":
+        assert out.usage.input_tokens is None and unreadable_figures(usage), usage
+        return
+    assert out.usage.input_tokens == 12 and extract_usage(usage).tokens.input == 12
+    if where == "a figure":
+        assert out.usage.output_tokens is None
+        named = unreadable_figures(usage)
+        assert [n for n in named if n.startswith("completion_tokens=")], named
+    else:
+        assert out.usage.output_tokens == 3 and extract_usage(usage).tokens.output == 3
+        assert not unreadable_figures(usage), usage
+    agent.close()
