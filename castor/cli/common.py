@@ -15,8 +15,10 @@ refused flag pay only for argparse (tests/cli/test_cli_startup.py holds this).
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
+import enum
 import errno
 import io
 import os
@@ -218,8 +220,52 @@ def stop_for(signum: int) -> Terminated:
     return Hangup() if signum == signal.SIGHUP else Terminated()
 
 
+class _Hold(enum.Enum):
+    """Where a stop signal that landed while an actor's code ran on the main thread is (:func:`_hold_stop`)."""
+
+    NONE = "none"  #: no stop is held
+    HELD = "held"  #: held while the main thread runs the actor's code; a watch thread waits for it to leave
+    HANDED_BACK = "handed back"  #: the watch interrupted the main thread: its handler's next call is that stop
+
+
+class _Stops:
+    """The command's stop-signal state, read and changed under one lock by the signal handlers (on
+    the main thread), :func:`defer_stops` and its kin, and the held stop's watch thread. The lock
+    is re-entrant: a handler runs on the main thread between any two of its steps, perhaps inside a
+    section of its own under the lock."""
+
+    __slots__ = ("lock", "deferred", "pending", "saved_sigint", "hold", "held", "released", "limit_s",
+                 "stopped_line")
+
+    def __init__(self) -> None:
+        self.lock = _thread.RLock()
+        #: Inside defer_stops .. resume_stops: a stop is kept in ``pending`` (the first one), not raised.
+        self.deferred = False
+        self.pending: int | None = None
+        self.saved_sigint: Any = None  # the SIGINT handler put back at the deferral's end
+        self.hold = _Hold.NONE
+        self.held: int | None = None  # the signal held (HELD) or handed back (HANDED_BACK)
+        #: Set when the current hold ends other than by being handed back (a second stop, the
+        #: deferral, the command's end): its watch thread stops at once. One per hold.
+        self.released: Any = None
+        #: How long a held stop waits for the actor's code to return before the command is cut
+        #: loose (:func:`stopped_as_by_ctrl_c`'s ``hold_limit_s``); None: as long as it runs.
+        self.limit_s: float | None = None
+        #: What the command says on stderr before ``castor: interrupted`` when it is cut loose.
+        self.stopped_line: str | None = None
+
+    def end_hold(self) -> None:
+        """No stop is held any longer (under the lock); the hold's watch thread ends."""
+        if self.released is not None:
+            self.released.set()
+        self.hold, self.held, self.released = _Hold.NONE, None, None
+
+
+_STOPS = _Stops()
+
+
 @contextlib.contextmanager
-def stopped_as_by_ctrl_c() -> Iterator[None]:
+def stopped_as_by_ctrl_c(*, hold_limit_s: float | None = None, stopped_line: str | None = None) -> Iterator[None]:
     """Inside, SIGTERM raises :class:`Terminated` and SIGHUP :class:`Hangup` in the main thread (a
     SIGHUP ignored at start, as by ``nohup``, stays ignored), as Ctrl-C raises ``KeyboardInterrupt``:
     the command's ``finally`` blocks run (its runtime shut down, its child processes stopped), it
@@ -231,31 +277,29 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
     The first signal always counts: one that lands while an actor's code runs on the main thread
     (an inline ask's handler, an ``on_start`` run on its starter), where the actor would take it
     for its own crash (the command went on, the signal lost), is held and raised as soon as the
-    main thread has left that code (:func:`_hold_stop`)."""
+    main thread has left that code (:func:`_hold_stop`). That code may never return (a handler
+    that hangs): a second stop while the first is held, or ``hold_limit_s`` seconds of holding it,
+    cut the command loose (:func:`_cut_loose`): ``stopped_line`` (if given), a line naming the actor
+    code still running, ``castor: interrupted``, and the exit status of the first stop (130 / 143 /
+    129), with no shutdown (the main thread, which would run it, is the one that does not return)."""
     import signal
     import threading
 
     def on_stop(signum: int, frame: Any) -> None:
-        held = _stops["held"]
-        if _stops["redeliver"]:  # the held stop, handed back once the actor code was left
-            _stops["redeliver"] = False
-            signum = held if held is not None else signum
-        elif held is not None:  # a second signal while the first is held: the user insists
-            _stops["held"] = None
-            if signum != signal.SIGINT:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)  # ends the process as the default does
+        with _STOPS.lock:
+            if _STOPS.hold is _Hold.HANDED_BACK:  # the held stop, handed back once the actor code was left
+                signum = _STOPS.held if _STOPS.held is not None else signum
+                _STOPS.end_hold()
+            elif _STOPS.hold is _Hold.HELD:  # a second signal while the first is held: the user insists
+                first = _STOPS.held if _STOPS.held is not None else signum
+                _cut_loose(first, frame, "when a second stop came")
+            if _STOPS.deferred:
+                if _STOPS.pending is None:
+                    _STOPS.pending = signum  # raised by resume_stops()
                 return
-            raise KeyboardInterrupt
-        if _stops["deferred"]:
-            _stops["held"] = None
-            if _stops["pending"] is None:
-                _stops["pending"] = signum  # raised by resume_stops()
-            return
-        if _in_actor_code(frame):
-            _hold_stop(signum)
-            return
-        _stops["held"] = None
+            if _in_actor_code(frame):
+                _hold_stop(signum)
+                return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process as the default does
@@ -263,6 +307,8 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
 
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
+        with _STOPS.lock:
+            _STOPS.limit_s, _STOPS.stopped_line = hold_limit_s, stopped_line
         saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_stop)
         if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
             saved[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_stop)
@@ -272,7 +318,10 @@ def stopped_as_by_ctrl_c() -> Iterator[None]:
         yield
     finally:
         _end_deferral()
-        _stops.update(held=None, redeliver=False)
+        with _STOPS.lock:
+            _STOPS.end_hold()
+            if saved:
+                _STOPS.limit_s = _STOPS.stopped_line = None
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
@@ -282,18 +331,42 @@ _SWALLOWING = ("handle_envelope", "_actor_loop_setup")
 too, for the actor's own crash (castor.supervision.actor)."""
 
 
-def _in_actor_code(frame: Any) -> bool:
-    """Whether ``frame`` (the main thread's, where a signal landed) runs inside one of
-    :data:`_SWALLOWING`: a stop raised there would be taken for that actor's crash."""
+def _actor_frame(frame: Any) -> Any:
+    """The innermost frame of ``frame``'s stack (the main thread's, where a signal landed) that
+    runs one of :data:`_SWALLOWING`, where a stop raised would be taken for that actor's crash;
+    None when there is none."""
     actor = sys.modules.get("castor.supervision.actor")
     if actor is None:  # no actor code loaded, none running
-        return False
+        return None
     codes = {getattr(actor.Actor, name).__code__ for name in _SWALLOWING}
     while frame is not None:
         if frame.f_code in codes:
-            return True
+            return frame
         frame = frame.f_back
-    return False
+    return None
+
+
+def _in_actor_code(frame: Any) -> bool:
+    """Whether ``frame`` (the main thread's, where a signal landed) runs inside one of
+    :data:`_SWALLOWING`: a stop raised there would be taken for that actor's crash."""
+    return _actor_frame(frame) is not None
+
+
+def _actor_code_named(frame: Any) -> str:
+    """The actor code ``frame``'s stack runs (:func:`_actor_frame`), in words: ``the handler of
+    TYPE in PATH`` or ``the on_start of PATH``."""
+    found = _actor_frame(frame)
+    if found is None:
+        return "the actor code"
+    try:
+        this = found.f_locals.get("self")
+        path = getattr(getattr(this, "handle", None), "path", None) or type(this).__name__
+        if found.f_code.co_name == "handle_envelope":
+            message = getattr(found.f_locals.get("envelope"), "type_name", None) or "a message"
+            return f"the handler of {message} in {path}"
+        return f"the on_start of {path}"
+    except Exception:  # noqa: BLE001 - a frame read from another thread: the words are best effort
+        return "the actor code"
 
 
 HELD_STOP_POLL_S = 0.005
@@ -301,50 +374,79 @@ HELD_STOP_POLL_S = 0.005
 
 
 def _hold_stop(signum: int) -> None:
-    """Hold stop signal ``signum`` while the main thread runs actor code; a thread of its own
-    hands it back to the main thread's handler (``_thread.interrupt_main``) once it has left it."""
-    import _thread
+    """Hold stop signal ``signum`` while the main thread runs actor code (under the lock); a thread
+    of its own hands it back to the main thread's handler (``_thread.interrupt_main``) once it has
+    left it, and cuts the command loose (:func:`_cut_loose`) if it has not within the limit.
+
+    Python says no thread when another leaves a frame (short of tracing every call the main thread
+    makes), so the thread looks at the main thread's stack every :data:`HELD_STOP_POLL_S`; it waits
+    on the hold's own event meanwhile, which the end of the hold (a second stop, the command's end)
+    sets: it stops at once then."""
     import signal
     import threading
     import time
 
-    _stops["held"] = signum
+    released = threading.Event()
+    _STOPS.hold, _STOPS.held, _STOPS.released = _Hold.HELD, signum, released
+    limit = _STOPS.limit_s
     main = threading.main_thread()
+    deadline = None if limit is None else time.monotonic() + limit
 
     def watch() -> None:
-        while _stops["held"] == signum and main.is_alive():
+        while not released.wait(HELD_STOP_POLL_S) and main.is_alive():
             frame = sys._current_frames().get(main.ident or 0)  # noqa: SLF001 - the main thread's stack, read only
-            if frame is None or not _in_actor_code(frame):
-                _stops["redeliver"] = True
-                _thread.interrupt_main(signal.Signals(signum))
-                return
-            time.sleep(HELD_STOP_POLL_S)
+            with _STOPS.lock:
+                if _STOPS.released is not released:  # ended meanwhile
+                    return
+                if frame is None or not _in_actor_code(frame):
+                    _STOPS.hold = _Hold.HANDED_BACK
+                    _thread.interrupt_main(signal.Signals(signum))
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    _cut_loose(signum, frame, f"for {limit:g} s after the stop")
 
     threading.Thread(target=watch, name="held-stop", daemon=True).start()
 
 
-@contextlib.contextmanager
-def kept_when_stopped(command: str, workdir: object) -> Iterator[None]:
-    """:func:`stopped_as_by_ctrl_c` for ``castor demo`` and ``castor soak``, which say, stopped before
-    their end, where what they did so far is kept (``castor demo: stopped before its end; kept: DIR``)."""
+def _cut_loose(signum: int, frame: Any, when: str) -> NoReturn:
+    """End the process now, as stopped by ``signum``, while the main thread runs the actor code of
+    ``frame``'s stack that did not return (``when``: how long, or what came): the command's stopped
+    line, one line saying what was cut loose, ``castor: interrupted``, exit status 128 + ``signum``."""
+    lines = [_STOPS.stopped_line] if _STOPS.stopped_line else []
+    lines.append(f"castor: cut loose: {_actor_code_named(frame)} was still running on the main thread {when}; "
+                 "the command ends without shutting its runtime down")
+    lines.append("castor: interrupted")
     try:
-        with stopped_as_by_ctrl_c():
+        sys.stderr.write("".join(f"{one_line(line)}\n" for line in lines))
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, from inside a blocked one
+        pass
+    stderr_caught_up()
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def kept_when_stopped(command: str, workdir: object, *, hold_limit_s: float) -> Iterator[None]:
+    """:func:`stopped_as_by_ctrl_c` for ``castor demo`` and ``castor soak``, which say, stopped before
+    their end, where what they did so far is kept (``castor demo: stopped before its end; kept: DIR``).
+    ``hold_limit_s``: how long a stop held while an actor's code runs on the main thread waits for
+    it to return before the command is cut loose (the command's own shutdown timeout)."""
+    stopped = f"castor {command}: stopped before its end; kept: {workdir}"
+    try:
+        with stopped_as_by_ctrl_c(hold_limit_s=hold_limit_s, stopped_line=stopped):
             yield
     except KeyboardInterrupt:
         try:
-            print(f"castor {command}: stopped before its end; kept: {workdir}", file=sys.stderr, flush=True)
+            print(stopped, file=sys.stderr, flush=True)
         except (OSError, ValueError):
             pass
         raise
 
 
-_stops: dict[str, Any] = {"deferred": False, "pending": None, "sigint": None,  # see defer_stops
-                          "held": None, "redeliver": False}  # see stopped_as_by_ctrl_c
-
-
 def _defer_sigint(signum: int, _frame: Any) -> None:
-    if _stops["pending"] is None:
-        _stops["pending"] = signum  # raised by resume_stops() as KeyboardInterrupt
+    with _STOPS.lock:
+        if _STOPS.pending is None:
+            _STOPS.pending = signum  # raised by resume_stops() as KeyboardInterrupt
 
 
 def defer_stops() -> None:
@@ -356,22 +458,24 @@ def defer_stops() -> None:
     import signal
     import threading
 
-    _stops["deferred"] = True
-    if (_stops["sigint"] is None and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        _stops["sigint"] = signal.signal(signal.SIGINT, _defer_sigint)
+    with _STOPS.lock:
+        _STOPS.deferred = True
+        if (_STOPS.saved_sigint is None and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            _STOPS.saved_sigint = signal.signal(signal.SIGINT, _defer_sigint)
 
 
 def _end_deferral() -> int | None:
     """Stop deferring; the signal that came meanwhile (None if none did), not raised."""
     import signal
 
-    saved, _stops["sigint"] = _stops["sigint"], None
-    if saved is not None:
-        signal.signal(signal.SIGINT, saved)
-    pending: int | None = _stops["pending"]
-    _stops.update(deferred=False, pending=None)
-    return pending
+    with _STOPS.lock:
+        saved, _STOPS.saved_sigint = _STOPS.saved_sigint, None
+        if saved is not None:
+            signal.signal(signal.SIGINT, saved)
+        _STOPS.deferred = False  # first: a stop from now on is raised at once, not left pending unseen
+        pending, _STOPS.pending = _STOPS.pending, None
+        return pending
 
 
 def resume_stops() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+#: How long the demo's runtimes wait for their actors at their shutdown (castor.testing.demo's ``shutdown(10)``).
+DEMO_SHUTDOWN_TIMEOUT_S = 10.0
+
 
 def add_demo_subcommand(sub: Any) -> None:
     demo = sub.add_parser("demo", help="show the whole system on this machine, no network needed")
@@ -30,5 +33,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     else:
         workdir = str(new_workdir("castor-demo"))
-    with kept_when_stopped("demo", workdir):  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
+    # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down. A stop held while an actor's code
+    # runs on the main thread waits for it as long as the demo's runtimes wait for their actors to stop.
+    with kept_when_stopped("demo", workdir, hold_limit_s=DEMO_SHUTDOWN_TIMEOUT_S):
         return run_demo(workdir=workdir, quiet=args.quiet, log_level=args.log_level, log_json=bool(args.log_json))

@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # imported where the command runs: building the parser pays f
     from castor.testing.soak import SoakReport
 
 EXIT_OK, EXIT_FAILED = 0, 1
+#: How long the soak's runtime waits for its actors at its shutdown (castor.testing.soak's ``shutdown(30)``).
+SOAK_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 def add_soak_subcommand(subparsers: Any) -> None:
@@ -83,7 +85,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
     command = "castor " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "castor soak"
     from castor.cli.common import kept_when_stopped
 
-    with kept_when_stopped("soak", workdir):  # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down
+    # SIGTERM and SIGHUP end it as Ctrl-C does: its runtimes shut down. A stop held while an actor's code
+    # runs on the main thread waits for it as long as the soak's runtime waits for its actors to stop.
+    with kept_when_stopped("soak", workdir, hold_limit_s=SOAK_SHUTDOWN_TIMEOUT_S):
         report = run_soak(settings, command=command, on_progress=lambda line: console.print(f"[dim]{line}[/dim]"))
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
