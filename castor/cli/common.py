@@ -292,7 +292,10 @@ def stopped_as_by_ctrl_c(*, hold_limit_s: float | None = None, stopped_line: str
                 _STOPS.end_hold()
             elif _STOPS.hold is _Hold.HELD:  # a second signal while the first is held: the user insists
                 first = _STOPS.held if _STOPS.held is not None else signum
-                _cut_loose(first, frame, "when a second stop came")
+                if _in_actor_code(frame):
+                    _cut_loose(first, frame, "when a second stop came")
+                signum = first  # the code was left before the watch saw it: the held stop is taken now
+                _STOPS.end_hold()
             if _STOPS.deferred:
                 if _STOPS.pending is None:
                     _STOPS.pending = signum  # raised by resume_stops()
