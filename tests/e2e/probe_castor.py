@@ -35,6 +35,9 @@ filter: castor's Icarus hooks may ask a classifier there); logs ``slow_context_a
 ``$CASTOR_PROBE_SLOW_CAST_START=S``: ``cast.start`` takes S seconds, then asks for a turn
 (``TURN: cast``) and answers, as castor does for a cast's entry socket (a slow config load).
 
+``$CASTOR_PROBE_NEXT_TURN_AFTER=S``: S seconds after a probe turn's answered ``agent.turn_ended`` (the
+first one only), sends the next turn, ``agent.run_turn`` (``TURN: next``), as a cast's next socket is asked for.
+
 ``$CASTOR_PROBE_TURN_AT_SHUTDOWN=<x>`` sends ``agent.run_turn`` (``TURN: <x>``) as ``session_shutdown``
 arrives and answers that event 0.5 s later (a socket's turn asked for as Pi replaces or ends the session).
 
@@ -57,7 +60,7 @@ from castor.endpoint.transport import PipeTransport
 from castor.messages.errors import CastorError, NotFound
 
 LOG_LOCK = threading.Lock()
-STATE: dict[str, Any] = {"pending_turn": None, "turns": 0, "running": None, "aborted": set()}
+STATE: dict[str, Any] = {"pending_turn": None, "turns": 0, "running": None, "aborted": set(), "chained": False}
 
 
 def record(method: str, params: Any) -> None:
@@ -193,6 +196,19 @@ def turn_ended(params: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return {"ok": True, "ignored": True}
     if STATE["running"] == params.get("turn_id"):
         STATE["running"] = None
+    after = os.environ.get("CASTOR_PROBE_NEXT_TURN_AFTER")
+    if after and not STATE["chained"] and not params.get("aborted"):
+        STATE["chained"] = True
+        STATE["turns"] += 1
+        turn = {"session_id": params.get("session_id"), "turn_id": f"probe-{STATE['turns']}", "prompt": "TURN: next",
+                "isolate": True}
+
+        def next_turn() -> None:
+            STATE["running"] = turn["turn_id"]
+            record("next_turn_sent", {"turn_id": turn["turn_id"]})
+            ctx.notify("agent.run_turn", turn)
+
+        threading.Timer(float(after), next_turn).start()
     return {"ok": True}
 
 

@@ -26,7 +26,7 @@ import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, refusedArgumentText, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
 import { compactSession, contextUsage } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
-import { BEHIND_STOPPED_MS, boundedBehind, EscWatch, holdWhileQuitting, StillBehind, StopKeyWatch } from "./interrupt.ts";
+import { BEHIND_STOPPED_MS, boundedBehind, EscWatch, escIsAStop, type FocusView, holdWhileQuitting, StillBehind, StopKeyWatch } from "./interrupt.ts";
 import { isStartLine, StderrRoute } from "./stderr.ts";
 import { entryRefusal, RpcError, type Params, untilAborted } from "./rpc.ts";
 import { locateCastor, parseEndpoint } from "./locate.ts";
@@ -873,13 +873,41 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			"/materia abort stops the cast and its command; /materia recast then runs the command again.", "info");
 	}
 
+	/**
+	 * Pi's terminal UI, to tell the user's Esc from one a picker or dialog takes (escIsAStop): Pi hands
+	 * it to the factory of an extension's widget, and a widget of no lines under the editor shows
+	 * nothing. Only in the interactive mode (the RPC mode ignores a widget factory); nothing where Pi
+	 * has no such widget: every Esc is a stop there, as before.
+	 */
+	function watchFocus(ctx: Ctx): () => FocusView | undefined {
+		let view: FocusView | undefined;
+		try {
+			if (ctx?.hasUI && modeOf(ctx) !== "rpc" && typeof ctx.ui?.setWidget === "function") {
+				ctx.ui.setWidget("castor-keys", (tui: FocusView) => {
+					view = tui;
+					return { render: () => [], invalidate: () => undefined };
+				}, { placement: "belowEditor" });
+			}
+		} catch (err) {
+			log(`no view of Pi's focus: ${errorText(err)}`);
+		}
+		return () => view;
+	}
+
 	pi.on("session_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		stopKeys?.dispose();
+		const focus = watchFocus(ctx);
 		stopKeys = new StopKeyWatch(ctx, (cause) => {
 			onStopKey(cause);
 			void sayWhatStopsAUtility(cause);
-		}, process);
+		}, process, () => escIsAStop(focus(), () => {
+			try {
+				return !ctx.isIdle();
+			} catch {
+				return false; // a stale context
+			}
+		}));
 		const previousId = sessionId;
 		adoptSession(ctx, closingSession);
 		// A new or replaced session must be opened again; the same one started twice is open already.

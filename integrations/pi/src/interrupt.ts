@@ -378,18 +378,55 @@ export class EscWatch {
 	}
 }
 
+/** What telling the user's stop from an Esc some other part of Pi's terminal UI takes needs: Pi's
+ * `TUI` (the factory of an extension's widget is handed it), typed loosely. */
+export interface FocusView {
+	getFocusedComponent?: () => unknown;
+}
+
 /**
- * Calls `onStop` at every Esc on the terminal (interactive mode) and at every RPC `abort` line (RPC
- * mode, a client's Esc) until {@link StopKeyWatch.dispose}; the key is never consumed. For what
- * Pi's own Esc does not reach: pressed while Pi is idle, it finds no run to stop -- while a cast's
- * utility command runs, that said nothing at all (the caller tells the user what does stop it).
- * What it does not know: a rebound interrupt key (Esc is watched), and whether a picker the Esc
- * closed was open (the caller asks castor before it says anything).
+ * Whether an Esc pressed now goes to Pi's interrupt (`app.interrupt`: stop the run, the compaction,
+ * the retry going on) -- the user's stop -- or to something it closes. Pi's terminal UI hands a key
+ * to the component that has the focus (after the extensions' terminal listeners, which is where this
+ * is asked): only Pi's editor (the one component with app actions, `onAction`: Pi's own or an
+ * extension's `CustomEditor`) hands Esc to the interrupt, and then only with its completion list shut
+ * (open, Esc shuts it) and, with Pi idle, not in its bash mode (a `!command` typed: Esc clears the
+ * editor). A picker (`/model`, `/settings`, `/resume`...), an extension's dialog or an overlay has
+ * the focus while open and takes the Esc to close itself. `undefined` when it cannot be told (no
+ * `TUI` seen, or one without `getFocusedComponent`): the caller counts the key as a stop, as before.
+ */
+export function escIsAStop(view: FocusView | undefined, busy: () => boolean): boolean | undefined {
+	let focused: any;
+	try {
+		if (typeof view?.getFocusedComponent !== "function") return undefined;
+		focused = view.getFocusedComponent();
+	} catch {
+		return undefined;
+	}
+	if (!focused || typeof focused !== "object") return false; // nothing has the focus: the key goes nowhere
+	if (typeof focused.onAction !== "function") return false; // not the editor: a picker, a dialog, an overlay
+	try {
+		if (typeof focused.isShowingAutocomplete === "function" && focused.isShowingAutocomplete()) return false;
+		if (!busy() && typeof focused.getText === "function" && String(focused.getText()).trimStart().startsWith("!")) return false;
+	} catch {
+		return true; // the editor, whatever else it is doing
+	}
+	return true;
+}
+
+/**
+ * Calls `onStop` at every Esc on the terminal (interactive mode) that is the user's stop
+ * (`isStop`, {@link escIsAStop}: not one that closes a picker, a dialog or the editor's completion
+ * list) and at every RPC `abort` line (RPC mode, a client's Esc) until {@link StopKeyWatch.dispose};
+ * the key is never consumed. For what Pi's own Esc does not reach: pressed while Pi is idle, it
+ * finds no run to stop -- while a cast's utility command runs, that said nothing at all (the caller
+ * tells the user what does stop it). What it does not know: a rebound interrupt key (Esc is watched).
  */
 export class StopKeyWatch {
 	private readonly cleanups: Array<() => void> = [];
 
-	constructor(ctx: TerminalCtx | undefined, onStop: (cause: "esc" | "abort") => void, proc?: ProcessLike) {
+	constructor(ctx: TerminalCtx | undefined, onStop: (cause: "esc" | "abort") => void, proc?: ProcessLike,
+		isStop: () => boolean | undefined = () => undefined) {
 		const stop = (cause: "esc" | "abort") => {
 			try {
 				onStop(cause);
@@ -401,7 +438,14 @@ export class StopKeyWatch {
 		if (typeof subscribe === "function") {
 			try {
 				const unsubscribe = subscribe.call(ctx?.ui, (data: string) => {
-					if (typeof data === "string" && isEscapeKey(data)) stop("esc");
+					if (typeof data !== "string" || !isEscapeKey(data)) return undefined;
+					let verdict: boolean | undefined;
+					try {
+						verdict = isStop();
+					} catch {
+						verdict = undefined;
+					}
+					if (verdict !== false) stop("esc"); // asked before Pi hands the key on: the focus is the key's
 					return undefined; // never consumed
 				});
 				if (typeof unsubscribe === "function") this.cleanups.push(unsubscribe);

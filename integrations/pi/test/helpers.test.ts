@@ -337,6 +337,47 @@ test("StopKeyWatch: every Esc on the terminal and every RPC abort line, never co
 	assert.equal(stdin.listenerCount("resume"), 0);
 });
 
+test("StopKeyWatch: an Esc some other component takes (isStop false) is no stop; unknown (undefined) or a throwing isStop counts it", async () => {
+	const { StopKeyWatch } = await import("../src/interrupt.ts");
+	let handler: ((data: string) => unknown) | undefined;
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => ((handler = h), () => {}) };
+	const seen: string[] = [];
+	let verdict: boolean | undefined = false;
+	const watch = new StopKeyWatch({ hasUI: true, mode: "tui", ui }, (cause) => seen.push(cause), undefined, () => {
+		if (verdict === null as unknown) throw new Error("a stale TUI");
+		return verdict;
+	});
+	assert.equal(handler?.("\x1b"), undefined);
+	assert.deepEqual(seen, [], "a picker's Esc");
+	verdict = true;
+	handler?.("\x1b");
+	verdict = undefined;
+	handler?.("\x1b");
+	verdict = null as unknown as undefined;
+	handler?.("\x1b");
+	assert.deepEqual(seen, ["esc", "esc", "esc"]);
+	watch.dispose();
+});
+
+test("escIsAStop: Pi's editor (app actions) with its completion list shut is a stop; a picker, a dialog, the completion list, an idle bash mode are not; no view is unknown", async () => {
+	const { escIsAStop } = await import("../src/interrupt.ts");
+	const editor = (text = "", completing = false) => ({ onAction: () => {}, getText: () => text, isShowingAutocomplete: () => completing });
+	const view = (focused: unknown) => ({ getFocusedComponent: () => focused });
+	const idle = () => false;
+	const busy = () => true;
+	assert.equal(escIsAStop(view(editor()), idle), true);
+	assert.equal(escIsAStop(view(editor("half a prompt")), idle), true);
+	assert.equal(escIsAStop(view(editor("", true)), idle), false, "the completion list takes it");
+	assert.equal(escIsAStop(view(editor("!ls")), idle), false, "an idle bash mode clears the editor");
+	assert.equal(escIsAStop(view(editor("!ls")), busy), true, "a run going on is stopped in bash mode too");
+	assert.equal(escIsAStop(view({ handleInput: () => {}, getText: () => "" }), idle), false, "a picker, a dialog (no app actions)");
+	assert.equal(escIsAStop(view(null), idle), false);
+	assert.equal(escIsAStop(undefined, idle), undefined);
+	assert.equal(escIsAStop({}, idle), undefined);
+	assert.equal(escIsAStop({ getFocusedComponent: () => { throw new Error("stale"); } }, idle), undefined);
+	assert.equal(escIsAStop(view({ onAction: () => {}, isShowingAutocomplete: () => { throw new Error("odd"); } }), idle), true);
+});
+
 test("StderrRoute: written through outside the terminal UI, only kept under it; the tail is bounded", async () => {
 	const { StderrRoute, TAIL_BYTES } = await import("../src/stderr.ts");
 	let mode: string | undefined = "rpc";

@@ -1,0 +1,86 @@
+"""Which Esc stops the cast's next turn, in Pi's terminal.
+
+A castor turn answers and castor sends the cast's next turn a moment later: an Esc in that gap
+finds no run to stop, so the extension stops the next turn as it starts (the user meant to stop
+the cast; an RPC abort does the same, test_pi_odd_moments.py). But Pi's Esc is not always a stop:
+with a picker open (``/settings``, ``/model``, ``/resume``...) an extension's dialog, or the
+editor's completion list, Esc closes that and stops nothing. Such an Esc used to count too, and
+the next turn was stopped although the user had only closed a picker. Driven as a user drives it:
+the interactive Pi on a pseudo-terminal and the PROBE castor, which sends a second turn 1.5 s
+after its first one is answered (``$CASTOR_PROBE_NEXT_TURN_AFTER``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.waiting import poll_until, wait_for
+
+from .conftest import read_jsonl
+from .pi_tty import ESC
+
+pytestmark = [pytest.mark.pi, pytest.mark.timeout(120)]
+
+
+def calls(log, method):
+    return [c["params"] for c in read_jsonl(log) if c["method"] == method]
+
+
+def requests_with(fake_llm, text):
+    return [r for r in fake_llm.log() if text in json.dumps(r)]
+
+
+@pytest.fixture
+def tty_pi(start_tty, probe_command):
+    command, log = probe_command
+    pi = start_tty(command, env={"CASTOR_PROBE_LOG": str(log), "CASTOR_PROBE_NEXT_TURN_AFTER": "1.5"})
+    wait_for(lambda: calls(log, "harness.event"), timeout=20,
+             what=f"session_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    return pi, log
+
+
+def esc_as_the_first_turn_answers(pi, log, fake_llm, *, opened: str | None, marker: str | None) -> None:
+    """The user's prompt, then the probe's first turn (its model reply a second and a half late);
+    ``opened`` typed while that turn streams (a picker: ``marker`` is drawn once it is open); the
+    Esc pressed as soon as the turn's end reaches castor, before the probe sends the next turn."""
+    fake_llm.reply_text("FIRST-TURN-OK", when="TURN: first", delay=1.5)
+    pi.type("PROBE turn first")
+    wait_for(lambda: requests_with(fake_llm, "TURN: first"), timeout=20,
+             what=f"the first castor turn's request; Pi drew: {pi.screen_tail()!r}")
+    if opened:
+        pi.type(opened)
+        wait_for(lambda: marker in pi.screen_tail(20_000), timeout=10,
+                 what=f"the picker {opened} opened; Pi drew: {pi.screen_tail()!r}")
+    wait_for(lambda: calls(log, "agent.turn_ended"), timeout=20,
+             what=f"the first turn's end at the probe; Pi drew: {pi.screen_tail()!r}")
+    pi.press(ESC)
+    wait_for(lambda: calls(log, "next_turn_sent"), timeout=10, what="the probe sending the next turn")
+
+
+def test_an_esc_right_after_a_turn_answers_stops_the_casts_next_turn(tty_pi, fake_llm):
+    """The Esc reaches Pi's editor (nothing else open): the user's stop. The next turn is stopped
+    before its first model request and its end goes to castor as interrupted."""
+    pi, log = tty_pi
+    esc_as_the_first_turn_answers(pi, log, fake_llm, opened=None, marker=None)
+    wait_for(lambda: len(calls(log, "agent.turn_ended")) >= 2, timeout=10,
+             what=f"the next turn's end; Pi drew: {pi.screen_tail()!r}")
+    ended = calls(log, "agent.turn_ended")[1]
+    assert ended.get("aborted") is True, ended
+    assert requests_with(fake_llm, "TURN: next") == []
+
+
+@pytest.mark.parametrize(("opened", "marker"), [("/settings", "Auto-compact"), ("/model", "Model Name:")])
+def test_an_esc_that_closes_a_picker_right_after_a_turn_answers_does_not_stop_the_next_turn(tty_pi, fake_llm,
+                                                                                              opened, marker):
+    """The same Esc with a picker open closes the picker, and that is all: the next turn runs."""
+    pi, log = tty_pi
+    esc_as_the_first_turn_answers(pi, log, fake_llm, opened=opened, marker=marker)
+    wait_for(lambda: requests_with(fake_llm, "TURN: next"), timeout=10,
+             what=f"the next turn's model request; Pi drew: {pi.screen_tail()!r}")
+    wait_for(lambda: len(calls(log, "agent.turn_ended")) >= 2, timeout=10,
+             what=f"the next turn's end; Pi drew: {pi.screen_tail()!r}")
+    ended = calls(log, "agent.turn_ended")[1]
+    assert ended.get("aborted") is not True, ended
+    assert not poll_until(lambda: "is stopped" in pi.screen_tail(20_000), timeout=0.5), pi.screen_tail()
