@@ -455,6 +455,19 @@ export default function castorExtension(pi: ExtensionAPI): void {
 					log(`turn ${String(params.turn_id)} not started: the session is ending`);
 					return;
 				}
+				if (compacting && !runUnsettled) {
+					// Pi compacts the session (the user's /compact) with no run going on: a turn sent now
+					// started a run at once, beside the compaction, with the context before it (Pi's own
+					// prompts wait for the compaction's end). It waits for that end and is sent then; an
+					// abort of it meanwhile (a crashed cast's actor restarted) leaves it unsent (dispatch).
+					const epoch = sessionEpoch;
+					log(`turn ${String(params.turn_id)} held until Pi's compaction ends`);
+					await compactionEnded();
+					if (closingSession || sessionEpoch !== epoch) {
+						log(`turn ${String(params.turn_id)} not started: the session is ending`);
+						return;
+					}
+				}
 				try {
 					await turns.dispatch(params, lastCtx);
 					if (turns.isQueuedFollowUp(String(params.turn_id))) log(`turn ${String(params.turn_id)} queued as a follow-up (Pi is busy)`);
@@ -1259,9 +1272,44 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		await settled(last?.stopReason === "aborted", ctx);
 	}
 
+	/** Pi compacts the session: from `session_before_compact` to its `session_compact` or `session_compact_failed`. */
+	let compacting = false;
+	/**
+	 * Resolves once Pi is idle again after its compaction -- or a run of its own goes on once the
+	 * compaction has ended (a turn then queues behind it as usual) -- or at once when the session
+	 * ends. Pi's idleness is polled (Pi emits the compaction's end a moment before it clears its
+	 * compacting state), so a compaction whose end event never comes holds no turn for longer.
+	 */
+	async function compactionEnded(): Promise<void> {
+		while (!closingSession) {
+			try {
+				if (lastCtx?.isIdle?.() !== false) {
+					compacting = false;
+					return;
+				}
+			} catch {
+				return; // a stale context: the session went away
+			}
+			if (!compacting && runUnsettled) return;
+			await new Promise((resolve) => setTimeout(resolve, 20));
+		}
+	}
+	pi.on("session_before_compact", (_event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		compacting = true;
+		return undefined; // never cancels nor replaces Pi's compaction
+	});
+	pi.on("session_compact", () => {
+		compacting = false;
+	});
+	pi.on("session_compact_failed", () => {
+		compacting = false;
+	});
+
 	pi.on("session_shutdown", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
 		closingSession = true;
+		compacting = false;
 		stopKeys?.dispose();
 		stopKeys = undefined;
 		stopPromptHeldAtStart = false;
