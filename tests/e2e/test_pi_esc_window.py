@@ -84,3 +84,23 @@ def test_an_esc_that_closes_a_picker_right_after_a_turn_answers_does_not_stop_th
     ended = calls(log, "agent.turn_ended")[1]
     assert ended.get("aborted") is not True, ended
     assert not poll_until(lambda: "is stopped" in pi.screen_tail(20_000), timeout=0.5), pi.screen_tail()
+
+
+def test_an_esc_that_closes_the_model_selector_opened_by_its_key_does_not_end_the_wait_for_castor(tty_pi, fake_llm):
+    """While castor answers a prompt's ``before_agent_start`` (a slow memory retrieval), the user
+    opens the model selector with its key (Ctrl+L: no command typed, so the extension's watch of
+    the editor's commands did not see a picker open) and closes it with Esc. That Esc used to end
+    the wait as the user's stop: the prompt went to the model without castor's answer, though
+    Pi's run went on. Now the wait goes on and the prompt gets castor's answer."""
+    pi, log = tty_pi
+    pi.type("PROBE slow 4")
+    wait_for(lambda: [c for c in calls(log, "harness.event") if c["event"] == "before_agent_start"], timeout=15,
+             what=f"before_agent_start at the probe; Pi drew: {pi.screen_tail()!r}")
+    pi.press(b"\x0c")  # Ctrl+L: Pi's model selector
+    wait_for(lambda: "Model Name:" in pi.screen_tail(20_000), timeout=10,
+             what=f"the model selector open; Pi drew: {pi.screen_tail()!r}")
+    pi.press(ESC)
+    wait_for(lambda: fake_llm.log(), timeout=15, what=f"the prompt's model request; Pi drew: {pi.screen_tail()!r}")
+    assert "PROBE-LATE" in json.dumps(fake_llm.log()[0]), "the prompt went without castor's answer"
+    assert not poll_until(lambda: "stopped waiting" in pi.screen_tail(20_000), timeout=0.5), pi.screen_tail()
+

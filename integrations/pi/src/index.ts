@@ -781,7 +781,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			// recast, revive) came before there was a run to stop: Pi's abort did nothing, and the
 			// turn the command started then ran. It is now stopped as it starts, as an Esc during it
 			// would have (the cast is interrupted; /materia continue runs it).
-			const esc = startsTurns ? new EscWatch(ctx, Date.now, process) : undefined;
+			const esc = startsTurns ? new EscWatch(ctx, Date.now, process, escIsStop(ctx)) : undefined;
 			esc?.signal?.addEventListener("abort", () => {
 				// A run going on, or a turn already bound, is Pi's own abort to stop.
 				if (!esc.quitting && !runUnsettled && !turns.active) {
@@ -907,20 +907,27 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		return () => view;
 	}
 
-	pi.on("session_start", async (event: any, ctx: Ctx) => {
-		lastCtx = ctx;
-		stopKeys?.dispose();
-		const focus = watchFocus(ctx);
-		stopKeys = new StopKeyWatch(ctx, (cause) => {
-			onStopKey(cause);
-			void sayWhatStopsAUtility(cause);
-		}, process, () => escIsAStop(focus(), () => {
+	/** Pi's terminal UI as the session's `watchFocus` got it. */
+	let focusView: () => FocusView | undefined = () => undefined;
+	/** Whether an Esc pressed now is the user's stop (escIsAStop), for a key watch of `ctx`'s. */
+	function escIsStop(ctx: Ctx): () => boolean | undefined {
+		return () => escIsAStop(focusView(), () => {
 			try {
 				return !ctx.isIdle();
 			} catch {
 				return false; // a stale context
 			}
-		}));
+		});
+	}
+
+	pi.on("session_start", async (event: any, ctx: Ctx) => {
+		lastCtx = ctx;
+		stopKeys?.dispose();
+		focusView = watchFocus(ctx);
+		stopKeys = new StopKeyWatch(ctx, (cause) => {
+			onStopKey(cause);
+			void sayWhatStopsAUtility(cause);
+		}, process, escIsStop(ctx));
 		const previousId = sessionId;
 		adoptSession(ctx, closingSession);
 		// A new or replaced session must be opened again; the same one started twice is open already.
@@ -960,7 +967,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// was up. Now an Esc ends the wait (castor goes on starting behind it) and a prompt submitted
 		// before it is stopped when its run starts. Pi's quit keys end the wait too, but the handler
 		// does not return while Pi quits (holdWhileQuitting).
-		const esc = new EscWatch(ctx, Date.now, process);
+		const esc = new EscWatch(ctx, Date.now, process, escIsStop(ctx));
 		try {
 			await untilAborted(startup, esc.signal);
 		} catch (err) {
@@ -1037,7 +1044,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// An Esc while castor answers (a memory retrieval may take seconds) ends the wait: Pi holds
 		// its abort until this handler returns (interrupt.ts). So do Pi's quit keys, the signals it
 		// shuts down on and, in RPC mode, its input ending or an RPC abort: each waits for this handler.
-		const esc = new EscWatch(ctx, Date.now, process);
+		const esc = new EscWatch(ctx, Date.now, process, escIsStop(ctx));
 		let result: Record<string, unknown> | undefined;
 		let call: Promise<Record<string, unknown> | undefined> | undefined;
 		try {

@@ -243,7 +243,10 @@ export class EscWatch {
 	private submitted = false;
 	private submittedBeforeEnd = false;
 
-	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now, proc?: ProcessLike) {
+	/** `isStop` tells the user's Esc from one a picker, a dialog or the completion list takes
+	 * ({@link escIsAStop}); `undefined` (not known) counts the Esc, as does a picker's own tracking. */
+	constructor(ctx: TerminalCtx | undefined, now: () => number = Date.now, proc?: ProcessLike,
+		isStop: () => boolean | undefined = () => undefined) {
 		const controller = new AbortController();
 		const end = (why: WaitEnd) => {
 			if (this.ended) return;
@@ -283,8 +286,14 @@ export class EscWatch {
 							else if (text.trim() && !text.trim().startsWith("/")) this.submitted = true; // a message, not a command
 						}
 					} else if (isEscapeKey(data)) {
+						let verdict: boolean | undefined;
+						try {
+							verdict = isStop();
+						} catch {
+							verdict = undefined;
+						}
 						if (picker) picker = undefined;
-						else end("esc");
+						else if (verdict !== false) end("esc"); // not one that closes a picker opened some other way (Ctrl+L)
 					} else if (isCtrlC(data)) {
 						const at = now();
 						if (at - lastCtrlC < DOUBLE_CTRL_C_MS) end("quit");

@@ -359,6 +359,20 @@ test("StopKeyWatch: an Esc some other component takes (isStop false) is no stop;
 	watch.dispose();
 });
 
+test("EscWatch: an Esc some other component takes (isStop false) does not end the wait; one that is the user's stop does", async () => {
+	const { EscWatch } = await import("../src/interrupt.ts");
+	let handler: ((data: string) => unknown) | undefined;
+	const ui = { onTerminalInput: (h: (data: string) => unknown) => ((handler = h), () => {}), getEditorText: () => "" };
+	let verdict: boolean | undefined = false;
+	const watch = new EscWatch({ hasUI: true, mode: "tui", ui }, Date.now, undefined, () => verdict);
+	handler?.("\x1b");
+	assert.equal(watch.pressed, false, "the model selector's Esc (opened by its key, no command typed)");
+	verdict = true;
+	handler?.("\x1b");
+	assert.equal(watch.cause, "esc");
+	watch.dispose();
+});
+
 test("escIsAStop: Pi's editor (app actions) with its completion list shut is a stop; a picker, a dialog, the completion list, an idle bash mode are not; no view is unknown", async () => {
 	const { escIsAStop } = await import("../src/interrupt.ts");
 	const editor = (text = "", completing = false) => ({ onAction: () => {}, getText: () => text, isShowingAutocomplete: () => completing });
