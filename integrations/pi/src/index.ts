@@ -911,13 +911,21 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	let focusView: () => FocusView | undefined = () => undefined;
 	/** Whether an Esc pressed now is the user's stop (escIsAStop), for a key watch of `ctx`'s. */
 	function escIsStop(ctx: Ctx): () => boolean | undefined {
-		return () => escIsAStop(focusView(), () => {
+		const busy = () => {
 			try {
 				return !ctx.isIdle();
 			} catch {
 				return false; // a stale context
 			}
-		});
+		};
+		return () => {
+			const verdict = escIsAStop(focusView(), busy);
+			if (verdict !== undefined || !focusView()) return verdict;
+			// The TUI seen has no focus: Pi swapped it for another (its TUI mode changed). The widget,
+			// set again, is handed the one Pi draws now.
+			focusView = watchFocus(lastCtx ?? ctx);
+			return escIsAStop(focusView(), busy);
+		};
 	}
 
 	pi.on("session_start", async (event: any, ctx: Ctx) => {

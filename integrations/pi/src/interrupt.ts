@@ -402,7 +402,8 @@ export interface FocusView {
  * (open, Esc shuts it) and, with Pi idle, not in its bash mode (a `!command` typed: Esc clears the
  * editor). A picker (`/model`, `/settings`, `/resume`...), an extension's dialog or an overlay has
  * the focus while open and takes the Esc to close itself. `undefined` when it cannot be told (no
- * `TUI` seen, or one without `getFocusedComponent`): the caller counts the key as a stop, as before.
+ * `TUI` seen, one without `getFocusedComponent`, or one where nothing has the focus: a TUI Pi
+ * swapped out): the caller counts the key as a stop, as before.
  */
 export function escIsAStop(view: FocusView | undefined, busy: () => boolean): boolean | undefined {
 	let focused: any;
@@ -412,7 +413,9 @@ export function escIsAStop(view: FocusView | undefined, busy: () => boolean): bo
 	} catch {
 		return undefined;
 	}
-	if (!focused || typeof focused !== "object") return false; // nothing has the focus: the key goes nowhere
+	// Nothing has the focus: a TUI Pi has swapped out (a change of its TUI mode in /settings), not the one
+	// the key goes to -- not known.
+	if (!focused || typeof focused !== "object") return undefined;
 	if (typeof focused.onAction !== "function") return false; // not the editor: a picker, a dialog, an overlay
 	try {
 		if (typeof focused.isShowingAutocomplete === "function" && focused.isShowingAutocomplete()) return false;

@@ -385,7 +385,7 @@ test("escIsAStop: Pi's editor (app actions) with its completion list shut is a s
 	assert.equal(escIsAStop(view(editor("!ls")), idle), false, "an idle bash mode clears the editor");
 	assert.equal(escIsAStop(view(editor("!ls")), busy), true, "a run going on is stopped in bash mode too");
 	assert.equal(escIsAStop(view({ handleInput: () => {}, getText: () => "" }), idle), false, "a picker, a dialog (no app actions)");
-	assert.equal(escIsAStop(view(null), idle), false);
+	assert.equal(escIsAStop(view(null), idle), undefined, "a TUI Pi swapped out: nothing has its focus");
 	assert.equal(escIsAStop(undefined, idle), undefined);
 	assert.equal(escIsAStop({}, idle), undefined);
 	assert.equal(escIsAStop({ getFocusedComponent: () => { throw new Error("stale"); } }, idle), undefined);
