@@ -13,6 +13,7 @@ after its first one is answered (``$CASTOR_PROBE_NEXT_TURN_AFTER``).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -41,7 +42,8 @@ def tty_pi(start_tty, probe_command):
     return pi, log
 
 
-def esc_as_the_first_turn_answers(pi, log, fake_llm, *, opened: str | None, marker: str | None) -> None:
+def esc_as_the_first_turn_answers(pi, log, fake_llm, *, opened: str | None, marker: str | None,
+                                  presses: int = 1) -> None:
     """The user's prompt, then the probe's first turn (its model reply a second and a half late);
     ``opened`` typed while that turn streams (a picker: ``marker`` is drawn once it is open); the
     Esc pressed as soon as the turn's end reaches castor, before the probe sends the next turn."""
@@ -56,19 +58,26 @@ def esc_as_the_first_turn_answers(pi, log, fake_llm, *, opened: str | None, mark
     wait_for(lambda: calls(log, "agent.turn_ended"), timeout=20,
              what=f"the first turn's end at the probe; Pi drew: {pi.screen_tail()!r}")
     pi.press(ESC)
+    if presses == 2:
+        time.sleep(0.15)  # a user's second press, within Pi's 500 ms double Esc (one read of both is Alt+Esc)
+        pi.press(ESC)
     wait_for(lambda: calls(log, "next_turn_sent"), timeout=10, what="the probe sending the next turn")
 
 
-def test_an_esc_right_after_a_turn_answers_stops_the_casts_next_turn(tty_pi, fake_llm):
+@pytest.mark.parametrize("presses", [1, 2])
+def test_an_esc_right_after_a_turn_answers_stops_the_casts_next_turn(tty_pi, fake_llm, presses):
     """The Esc reaches Pi's editor (nothing else open): the user's stop. The next turn is stopped
-    before its first model request and its end goes to castor as interrupted."""
+    before its first model request and its end goes to castor as interrupted. Pressed twice
+    quickly, the second Esc opens Pi's session tree (its double Esc on an empty editor): the turn
+    is stopped all the same, once."""
     pi, log = tty_pi
-    esc_as_the_first_turn_answers(pi, log, fake_llm, opened=None, marker=None)
+    esc_as_the_first_turn_answers(pi, log, fake_llm, opened=None, marker=None, presses=presses)
     wait_for(lambda: len(calls(log, "agent.turn_ended")) >= 2, timeout=10,
              what=f"the next turn's end; Pi drew: {pi.screen_tail()!r}")
     ended = calls(log, "agent.turn_ended")[1]
     assert ended.get("aborted") is True, ended
     assert requests_with(fake_llm, "TURN: next") == []
+    assert len(calls(log, "agent.turn_ended")) == 2
 
 
 @pytest.mark.parametrize(("opened", "marker"), [("/settings", "Auto-compact"), ("/model", "Model Name:")])
