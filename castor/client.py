@@ -35,6 +35,7 @@ Struck before the request was written or after the answer was read, the client s
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ from typing import Any
 import msgpack
 
 from castor._log import logger
+from castor._spin import reply_spin
 from castor.endpoint.connection import (
     Connection,
     ConnectionSettings,
@@ -51,7 +53,7 @@ from castor.endpoint.connection import (
 )
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import error_from_wire
-from castor.endpoint.listeners import is_loopback_host, peer_is_us, tcp_peer_is_us
+from castor.endpoint.listeners import is_loopback_host, peer_credentials, peer_is_us, tcp_peer_is_us
 from castor.endpoint.transport import PipeTransport, SocketTransport
 from castor.messages.errors import CastorError, Forbidden
 from castor.shown import clipped
@@ -119,10 +121,26 @@ class Client:
                         or kwargs.get("token_file") is not None else "anything")
                 raise Forbidden(f"refusing to send {what} to {path}: another user listens there, "
                                 "not castor's serve", data={"path": path, "reason": "peer_uid"})
+            creds = peer_credentials(sock)
         except BaseException:
             sock.close()
             raise
-        return cls(_caller_socket(sock), name=f"client-unix:{path}", **kwargs)
+        client = cls(_caller_socket(sock), name=f"client-unix:{path}", **kwargs)
+        if creds is not None and creds[0] != os.getpid():
+            client._spin_for_answers()
+        return client
+
+    def _spin_for_answers(self) -> None:
+        """Where this process may run on several CPUs, a call spins briefly before it blocks for its
+        answer (castor._spin: a sleeping CPU's wake-up costs more than a quick answer takes). Only
+        for a server in another process: one in this interpreter needs the interpreter lock the
+        spinning caller keeps taking back, so there the spin only delays the answer."""
+        spin = reply_spin()
+        transport = self.connection.transport
+        if spin is not None and isinstance(transport, SocketTransport):
+            poller = select.poll()
+            poller.register(transport.read_fd, select.POLLIN)
+            self.connection.reply_spin = (spin, poller.poll)
 
     @classmethod
     def connect_tcp(cls, host: str, port: int, *, connect_timeout: float = 5.0, **kwargs: Any) -> Client:

@@ -85,6 +85,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
 from castor._log import logger
+from castor._spin import ReplySpin
 from castor.domain.jsontext import wide_integers_as_floats
 from castor.endpoint.dispatch import Context, Dispatcher
 from castor.endpoint.errors import ConnectionClosed, error_from_wire
@@ -339,6 +340,9 @@ class Connection:
         #: client's ``error`` notification read last before the end). Asked once, when a close the
         #: peer caused (end of stream, a refused write) fails the pending calls.
         self.peer_parting: Callable[[], CastorError | None] | None = None
+        #: A caller's bounded spin before it blocks for its answer, and the poll it spins with (the
+        #: socket, POLLIN): set by ``castor.client`` where the process may run on several CPUs.
+        self.reply_spin: tuple[ReplySpin, Callable[[Any], list[Any]]] | None = None
         #: What ``peer_parting`` answered at the close (calls made after it raise it too).
         self.parting_error: CastorError | None = None
         self.name = name or f"conn-{self.id}"  # binds the log too (see the property)
@@ -709,6 +713,9 @@ class Connection:
                 if recv_into is None:
                     data = self.transport.read_available()
                 else:  # read_available's body (SocketTransport), in this frame, without its copy:
+                    spin = self.reply_spin  # (a spin first, where set: castor._spin; the read is as ever)
+                    if spin is not None and spin[0].wanted():
+                        spin[0].poll(spin[1])
                     buffer = self._recv_buffer  # the read is decoded from the kept buffer itself and
                     try:  # copied only when it goes on to the decoder (it holds no reference to it)
                         data = buffer[:recv_into(buffer)]

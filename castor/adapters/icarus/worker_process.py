@@ -63,6 +63,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from castor._log import logger
+from castor._spin import ReplySpin, reply_spin
 from castor.adapters import process_tree
 from castor.adapters.icarus.launch import BEGUN_FD_ENV, WorkerLaunch
 from castor.domain.icarus.worker_protocol import IcarusCallError, WorkerProtocolError, death_words, reply_result
@@ -207,6 +208,8 @@ class WorkerProcess:
         self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
         self._idle_at = 0.0
         self._poll_first = 0  # calls left that wait in poll before reading (_await_reply)
+        #: The bounded spin before the reply's blocking wait (None: confined to one CPU, or off).
+        self._spin: ReplySpin | None = reply_spin()
         self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
@@ -597,9 +600,17 @@ class WorkerProcess:
         reply is there about one time in four, and a read that finds nothing costs a syscall:
         after such a miss the next ``_READ_FIRST_BACKOFF`` calls poll first. A reply read this
         way on a worker killed meanwhile is not taken: the call raises as it would after a poll.
+
+        Where the process may run on several CPUs, the first wait polls without blocking for up
+        to a few tens of microseconds before it blocks (``castor._spin``: bounded, adaptive, off
+        on one CPU): what that poll returns -- the reply, the end of stdout, the wake pipe -- is
+        handled exactly as the blocking poll's events.
         """
         out_fd = self._out_fd
         poller = self._reply_poller
+        spin = self._spin
+        if spin is not None and not spin.wanted():
+            spin = None  # in its back-off: this call waits as it would without one
         read_first = not self._poll_first and not self._buffer
         tail: list[bytes] = []  # chunks of a line still without its newline (joined once it comes)
         tail_size = 0
@@ -627,7 +638,14 @@ class WorkerProcess:
                 if self._retired is not None or self._crashed:  # killed meanwhile: the call fails
                     self._check_usable(may_have_started=True, target=target)
             else:
-                if deadline is None:
+                if spin is not None:  # the first wait only: poll without blocking for a while first
+                    events = spin.poll(poller.poll)
+                    spin = None
+                else:
+                    events = []
+                if events:
+                    pass
+                elif deadline is None:
                     events = poller.poll(_LIVENESS_POLL_MS * _POLL_UNIT)
                 else:
                     remaining = deadline - time.monotonic()
