@@ -636,7 +636,10 @@ class IcarusSession:
         # built at all when castor's own logging setup is above DEBUG (4.7k instructions a call).
         if not LOGGING_SETUP.debug_dropped:
             logger.debug("icarus tool call", actor=self._worker_path, tool=name, tool_call_id=tool_call_id)
-        return self.tool_worker().call("tools", name, [prepared], None, self.settings.timeout_ms / 1000.0)
+        client = self._tool_client  # set once, never unset: read as tool_worker() does, in this frame
+        if client is None:
+            client = self.tool_worker()
+        return client.call("tools", name, [prepared], None, self.settings.timeout_ms / 1000.0)
 
     # -- commands ---------------------------------------------------------------
     def command(self, args: str | None) -> dict[str, Any]:
