@@ -313,6 +313,22 @@ class PendingCall:
 class Connection:
     """One msgpack-rpc peer. Create, :meth:`start`, then call / notify / close."""
 
+    # Slots, not an instance dict: the round trip reads and writes some forty of these on each side,
+    # and with seventy-odd attributes an instance dict is past what CPython 3.11 keeps as inline
+    # values -- each access was a dict-with-hint look-up, or an unspecialised one where the hint
+    # missed (a slot is a fixed offset). Every attribute a Connection holds is named here.
+    __slots__ = ("_caller_recv", "_chunk", "_close_callbacks", "_closed", "_closed_event", "_closing_for", "_cond",
+                 "_cork", "_cork_bytes", "_cork_thread", "_decoder", "_eof", "_expired", "_expired_set",
+                 "_fds_released", "_fed", "_frame_bytes", "_frame_start", "_grace", "_idle", "_in_flight",
+                 "_incomplete_at", "_inline_since", "_jobs", "_log", "_max_ext", "_max_frame", "_max_out_bytes",
+                 "_max_read_ahead", "_msgids", "_mutex", "_name", "_notify_gate", "_out", "_out_bytes", "_parked",
+                 "_parked_bytes", "_peer_fault_level", "_pending", "_pending_frame", "_plock", "_poked",
+                 "_poll_workers", "_poller", "_polling", "_read_failed", "_recv_buffer", "_recv_into",
+                 "_released_at", "_replied", "_role", "_room_waiter", "_smallest_limit", "_threads",
+                 "_waiting_callers", "_wake_r", "_wake_w", "_watch_frames", "_watch_seen", "_watched", "_whole_max",
+                 "_wlock", "_wmutex", "_worker_numbers", "_write_failed", "_writer_busy", "close_reason", "counters",
+                 "dispatcher", "id", "parting_error", "peer_parting", "settings", "state", "transport", "__weakref__")
+
     @property
     def name(self) -> str:
         """The connection's name: its threads' owner (``/endpoint/NAME``) and its log lines' ``conn``."""
@@ -1825,39 +1841,41 @@ class Connection:
         ``corked_by``: the thread that corked for this job (an inline run, see
         :meth:`_read_as_worker`); the cork ends here, on every path, and a response goes out in the
         same write as the frames the handler corked."""
-        msgid = job.msgid if type(job) is Request else None  # None: a notification
+        # The job's fields read once (each named-tuple field read is an unspecialised attribute look-up).
+        msgid: int | None  # None: a notification
+        msgid, method, params = job if type(job) is Request else (None, *job)
         replied = 0
         tail = None
         try:
             ctx = _new_context(Context)  # Context's __init__, inlined (one frame a job fewer)
             ctx.connection = self
             ctx.state = self.state
-            ctx.method = job.method
+            ctx.method = method
             ctx.msgid = msgid
             ctx.early = None
             try:
                 dispatcher = self.dispatcher
-                entry = dispatcher._methods.get(job.method) if type(dispatcher) is Dispatcher else None  # noqa: SLF001
+                entry = dispatcher._methods.get(method) if type(dispatcher) is Dispatcher else None  # noqa: SLF001
                 if entry is not None and entry.model is None:
                     # Dispatcher.dispatch's body for a method without a params model, in this frame
                     # (one call a request fewer); any other method, or another dispatcher (the
                     # AuthGate before a hello), goes through dispatch.
                     try:
-                        result = entry.handler(job.params, ctx)
+                        result = entry.handler(params, ctx)
                     except Exception as handler_exc:
-                        failure = dispatcher.handler_failed(job.method, handler_exc)
+                        failure = dispatcher.handler_failed(method, handler_exc)
                         if failure is handler_exc:
                             raise
                         raise failure from None
                     if type(result) is not dict and isinstance(result, BaseModel):
                         result = result.model_dump(mode="json")
                 else:
-                    result = dispatcher.dispatch(job.method, job.params, ctx)
+                    result = dispatcher.dispatch(method, params, ctx)
             except CastorError as exc:
                 self.counters["handler_errors"] += 1
                 if msgid is not None:
                     if ctx.early is not None and not _take(ctx.early):  # answered early: that answer stands
-                        self._log.debug("{} failed after its early answer: {} {}", job.method, exc.code, exc.message)
+                        self._log.debug("{} failed after its early answer: {} {}", method, exc.code, exc.message)
                         return 1
                     frame = encode_response(msgid, exc.to_wire(), None)
                     replied = self._count_replied()
@@ -1867,9 +1885,9 @@ class Connection:
                     # warning line each would let them fill the log (and its disk) without a
                     # token. Dropped, counted; a debug line for whoever looks.
                     self.counters["unauthenticated_notifications"] += 1
-                    self._log.debug("notification {!r} dropped: unauthenticated", job.method[:80])
+                    self._log.debug("notification {!r} dropped: unauthenticated", method[:80])
                 else:
-                    self._notification_failed(job.method, exc)
+                    self._notification_failed(method, exc)
                 closing = self.state.pop("_close_after_reply", None)  # castor.endpoint.auth.CLOSE_AFTER_REPLY
                 if closing:
                     self.close(closing, flush_timeout=0.5)
@@ -1891,7 +1909,7 @@ class Connection:
                 except (TypeError, ValueError, OverflowError):
                     encoded = None
                 frame = (encoded if encoded is not None and len(encoded) <= self._smallest_limit
-                         else self._result_frame(msgid, job.method, result))
+                         else self._result_frame(msgid, method, result))
                 if corked_by is None:
                     with self._mutex:  # _count_replied, inlined
                         self._replied += 1
@@ -1927,7 +1945,7 @@ class Connection:
                     finally:
                         mutex.release()
         except Exception:  # pragma: no cover - dispatch already converts handler errors
-            self._log.exception("unexpected failure while running {}", job.method)
+            self._log.exception("unexpected failure while running {}", method)
         finally:
             if corked_by is not None:
                 if tail is None:
