@@ -120,6 +120,8 @@ _GATE_LOCK = threading.Lock()  # makes a PendingCall's wait gate once (slow path
 _NOTHING = object()
 # Request(msgid, method, params) without the namedtuple's Python-level __new__ (the reading hot path).
 _new_request = tuple.__new__
+#: A request as the worker's whole read decodes it: ``(msgid, method, params)``, a Request's fields.
+_PlainRequest = tuple[int, str, dict[str, Any]]
 _unpackb = msgpack.unpackb
 _get_ident = threading.get_ident
 _new_pending = object.__new__
@@ -1212,7 +1214,7 @@ class Connection:
         monotonic = time.monotonic
         data: bytes | memoryview | None
         while True:
-            frame: Request | Notification | None = None
+            frame: Request | Notification | _PlainRequest | None = None
             if read_here and unpacker.tell() == self._fed and not self._closed:
                 if recv_into is None:
                     data = read_available()
@@ -1240,7 +1242,9 @@ class Connection:
                                 and type(params[0]) is dict):
                             counters["frames_in"] += 1
                             self._frame_bytes = size
-                            frame = _new_request(Request, (msgid, method, params[0]))
+                            # A plain tuple, not a Request (tuple.__new__ on the subclass copies it): made a
+                            # Request only where one is kept or refused (_run takes either).
+                            frame = (msgid, method, params[0])
                     if frame is None:  # _take inlined: the decoder and _read_frame take it from here
                         data = bytes(data)  # the kept buffer is read into again: the decoder's chunk is a copy
                         try:
@@ -1276,14 +1280,14 @@ class Connection:
                             self._watch_locked()
                         inline = True
                     else:
-                        self._jobs.append(frame)
+                        self._jobs.append(_kept(frame))
                         inline = False
                         # Only a queue that reached the bound makes the reader wait for room.
                         full = self._in_flight - self._replied >= max_in_flight
             finally:
                 mutex.release()
             if not admitted:
-                self._refuse(frame)
+                self._refuse(_kept(frame))
                 continue
             if not inline:
                 if wait_for_a_slot and full and not self._wait_for_room(me):
@@ -1831,7 +1835,7 @@ class Connection:
             return encode_response(msgid, err.to_wire(), None)
         return frame
 
-    def _run(self, job: Request | Notification, corked_by: int | None = None) -> int:
+    def _run(self, job: Request | Notification | _PlainRequest, corked_by: int | None = None) -> int:
         """Dispatch one admitted job and answer it. Returns 1 when a response was counted in
         ``_replied`` (just before it was written), else 0; the caller then decrements
         ``_in_flight`` by one and ``_replied`` by what this returned. An inline run whose reader
@@ -1843,7 +1847,7 @@ class Connection:
         same write as the frames the handler corked."""
         # The job's fields read once (each named-tuple field read is an unspecialised attribute look-up).
         msgid: int | None  # None: a notification
-        msgid, method, params = job if type(job) is Request else (None, *job)
+        msgid, method, params = (None, *job) if isinstance(job, Notification) else job
         replied = 0
         tail = None
         try:
@@ -2110,6 +2114,14 @@ class Connection:
                 self._cond.wait(remaining)
         self.close("eof", flush_timeout=self.settings.drain_timeout, by_peer=True)
 
+
+
+def _kept(frame: Request | Notification | _PlainRequest) -> Request | Notification:
+    """``frame`` as it is queued or refused: a request the worker's whole read left a plain tuple is
+    made a :class:`Request` (the inline run takes the tuple as it is)."""
+    if isinstance(frame, (Request, Notification)):
+        return frame
+    return _new_request(Request, frame)
 
 
 def _no_deadline(method: str, timeout: Any) -> CastorError:
