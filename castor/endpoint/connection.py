@@ -328,7 +328,8 @@ class Connection:
                  "_poll_workers", "_poller", "_polling", "_read_failed", "_recv_buffer", "_recv_into",
                  "_released_at", "_replied", "_role", "_room_waiter", "_smallest_limit", "_threads",
                  "_waiting_callers", "_wake_r", "_wake_w", "_watch_frames", "_watch_seen", "_watched", "_whole_max",
-                 "_wlock", "_wmutex", "_worker_numbers", "_write_failed", "_writer_busy", "close_reason", "counters",
+                 "_wlock", "_wmutex", "_worker_numbers", "_write_failed", "_writer_busy", "close_reason", "_counters",
+                 "_frames_in", "_frames_out", "_calls_out",
                  "dispatcher", "id", "parting_error", "peer_parting", "settings", "state", "transport", "__weakref__")
 
     @property
@@ -470,9 +471,14 @@ class Connection:
         self._msgids = itertools.count()
         self._expired: deque[int] = deque(maxlen=self.settings.max_remembered_timeouts)
         self._expired_set: set[int] = set()
-        self.counters = {
-            "frames_in": 0, "frames_out": 0, "invalid_frames": 0, "late_replies": 0,
-            "unmatched_replies": 0, "rejected_in_flight": 0, "calls_out": 0, "call_timeouts": 0,
+        # The three counts a round trip moves are attributes (a slot's increment costs a fraction of a
+        # dict item's); the rest are a dict. ``counters`` gives all of them.
+        self._frames_in = 0
+        self._frames_out = 0
+        self._calls_out = 0
+        self._counters = {
+            "invalid_frames": 0, "late_replies": 0,
+            "unmatched_replies": 0, "rejected_in_flight": 0, "call_timeouts": 0,
             "handler_errors": 0, "role_steals": 0, "workers_exited_idle": 0, "calls_interrupted": 0,
             "unauthenticated_notifications": 0, "notifications_failed": 0, "notifications_waited": 0,
         }
@@ -615,6 +621,13 @@ class Connection:
                 "outbound_bytes": self._out_bytes, "outbound_frames": len(self._out),
                 **workers, **self.counters}
 
+    @property
+    def counters(self) -> dict[str, int]:
+        """The connection's counts (frames in and out, calls made, refusals, timeouts ...) as they
+        are now: a snapshot, read without a lock."""
+        return {"frames_in": self._frames_in, "frames_out": self._frames_out, "calls_out": self._calls_out,
+                **self._counters}
+
     # ------------------------------------------------------------------ outgoing
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None,
              pending_only: bool = False) -> Any:
@@ -678,8 +691,7 @@ class Connection:
                 self._forget(msgid)
                 raise InvalidParams(f"{method} not sent: {too_big}", may_have_started=False,
                                     data={"method": method, "reason": "params_too_large"})
-            counters = self.counters
-            counters["calls_out"] += 1
+            self._calls_out += 1
             # _send's common case, inlined (one frame a call fewer): no cork (a request never joins
             # one, it writes one out), nothing queued, the connection open; anything else is _send's.
             overflow = None
@@ -693,7 +705,7 @@ class Connection:
                         except OSError as exc:
                             sent = exc
                         if sent == len(frame):
-                            counters["frames_out"] += 1
+                            self._frames_out += 1
                         else:
                             overflow = self._queue_locked(frame, sent)
             except BaseException as exc:  # as _send: interrupted while writing, the connection closes
@@ -749,7 +761,7 @@ class Connection:
                     kind, answered, error, result = value
                     if (error is None and answered == msgid and kind == 1 and type(kind) is int
                             and type(answered) is int):
-                        self.counters["frames_in"] += 1
+                        self._frames_in += 1
                         pending = self._pending.pop(msgid, None)  # as _on_response
                         if pending is None:  # failed by a close meanwhile: counted there
                             self._on_response(msgid, None, result)
@@ -817,7 +829,7 @@ class Connection:
                     self._expired_set.discard(self._expired[0])
                 self._expired.append(pending.msgid)
                 self._expired_set.add(pending.msgid)
-        self.counters["call_timeouts"] += 1
+        self._counters["call_timeouts"] += 1
         return True
 
     def _on_response(self, msgid: int, error: Any, result: Any) -> None:
@@ -828,7 +840,7 @@ class Connection:
                 if late:
                     self._expired_set.discard(msgid)
             key = "late_replies" if late else "unmatched_replies"
-            self.counters[key] += 1
+            self._counters[key] += 1
             self._log.debug("discarded {} for msgid {}", key, msgid)
             return
         pending.resolve(None if error is None else error_from_wire(error), result)
@@ -901,7 +913,7 @@ class Connection:
                     except OSError as exc:
                         sent = exc
                     if sent == len(data):
-                        self.counters["frames_out"] += frames
+                        self._frames_out += frames
                         return True
                     overflow = self._queue_locked(data, sent)
                 else:
@@ -957,7 +969,7 @@ class Connection:
             except OSError as exc:
                 sent = exc
             if sent == len(data):
-                self.counters["frames_out"] += frames
+                self._frames_out += frames
                 return None
             return self._queue_locked(data, sent)
         return self._queue_locked(data, 0)
@@ -1007,7 +1019,7 @@ class Connection:
                 return
             with self._wlock:
                 self._out_bytes = max(0, self._out_bytes - size)
-                self.counters["frames_out"] += len(chunks)
+                self._frames_out += len(chunks)
 
     def _flush(self, timeout: float) -> None:
         """Wait until the queued frames are written, for at most ``timeout``; at once when the
@@ -1093,7 +1105,7 @@ class Connection:
                         if since is not None and time.monotonic() - since >= self._grace:
                             # The holder is stuck in a handler: reading continues here.
                             self._role, self._inline_since = me, None
-                            self.counters["role_steals"] += 1
+                            self._counters["role_steals"] += 1
                             stole = True
                             break
                     if timed_out and self._threads > 1:
@@ -1101,7 +1113,7 @@ class Connection:
                         # ran after the wait, so a wake-up lost to the timeout is not missed).
                         # Another thread remains: the watchdog spawns again if it is ever needed.
                         self._threads -= 1
-                        self.counters["workers_exited_idle"] += 1
+                        self._counters["workers_exited_idle"] += 1
                         return
                     self._idle += 1
                     timed_out = not cond.wait(idle_exit)
@@ -1142,7 +1154,7 @@ class Connection:
             if now - self._released_at < _RETAKE_AFTER:
                 return True
         else:
-            frames = self.counters["frames_in"]
+            frames = self._frames_in
             if frames != self._watch_frames:
                 self._watch_frames, self._watch_seen = frames, now
                 return True
@@ -1162,7 +1174,7 @@ class Connection:
                     self._wake_worker_locked()
                 return True
             else:
-                frames = self.counters["frames_in"]
+                frames = self._frames_in
                 if frames != self._watch_frames:
                     self._watch_frames, self._watch_seen = frames, now
                     return True
@@ -1202,7 +1214,6 @@ class Connection:
         max_workers = self.settings.max_workers
         wait_for_a_slot = self.settings.notifications_wait_for_a_slot
         unpacker = self._decoder.unpacker
-        counters = self.counters
         # A worker that blocks in recv (a socket's: it does not poll) reads here, in this frame,
         # the common case: nothing buffered, and one read that is exactly one well-formed request
         # (decoded whole: see _whole_max). Anything else -- part of a frame, several, a response, a
@@ -1240,7 +1251,7 @@ class Connection:
                         if (kind == 0 and type(kind) is int and type(msgid) is int and 0 <= msgid <= MAX_MSGID
                                 and type(method) is str and method and type(params) is list and len(params) == 1
                                 and type(params[0]) is dict):
-                            counters["frames_in"] += 1
+                            self._frames_in += 1
                             self._frame_bytes = size
                             # A plain tuple, not a Request (tuple.__new__ on the subclass copies it): made a
                             # Request only where one is kept or refused (_run takes either).
@@ -1413,7 +1424,7 @@ class Connection:
                     self._inline_since = None
                 if self._closed:
                     return  # closed already (by this interrupt's first catcher, or before it)
-            self.counters["calls_interrupted"] += 1
+            self._counters["calls_interrupted"] += 1
             self._log.warning("closing connection: a call was interrupted by {}", type(exc).__name__)
             self.close("interrupted")
         except BaseException:  # a second interrupt while closing: close() can be called again
@@ -1447,7 +1458,7 @@ class Connection:
                         kind = msgid = error = None
                     if (error is None and msgid == call.msgid and kind == 1 and type(kind) is int
                             and type(msgid) is int):
-                        self.counters["frames_in"] += 1
+                        self._frames_in += 1
                         pending = self._pending.pop(msgid, None)  # as _on_response
                         if pending is None:  # expired or failed by a close meanwhile: counted there
                             self._on_response(msgid, None, result)
@@ -1525,7 +1536,6 @@ class Connection:
         worker yielding to a caller. Responses are resolved on the way.
         """
         unpacker = self._decoder.unpacker
-        counters = self.counters
         poll_workers = self._poll_workers
         caller_recv = self._caller_recv
         read_available = self.transport.read_available
@@ -1600,7 +1610,7 @@ class Connection:
                     if filled is None:
                         return None
                     continue
-            counters["frames_in"] += 1
+            self._frames_in += 1
             # Fast paths for the commonest frames, well-formed (parse_frame's checks, inlined): a
             # response to our call, a request or a notification with its params in one map.
             if type(value) is list and len(value) == 4 and type(value[1]) is int and 0 <= value[1] <= MAX_MSGID:
@@ -1759,7 +1769,7 @@ class Connection:
         self._jobs.append(frame)
         self._parked[id(frame)] = self._frame_bytes
         self._parked_bytes += self._frame_bytes
-        self.counters["notifications_waited"] += 1
+        self._counters["notifications_waited"] += 1
         if self._idle:
             self._cond.notify()
         elif self._threads < self.settings.max_workers:
@@ -1786,7 +1796,7 @@ class Connection:
 
     def _refuse(self, frame: Request | Notification) -> None:
         """Over ``max_in_flight``: answer ``mailbox_full`` (or an ``error`` notification)."""
-        self.counters["rejected_in_flight"] += 1
+        self._counters["rejected_in_flight"] += 1
         err = MailboxFull(f"too many requests in flight on this connection (limit "
                           f"{self.settings.max_in_flight}); {frame.method} refused",
                           data={"limit": self.settings.max_in_flight, "method": frame.method})
@@ -1876,7 +1886,7 @@ class Connection:
                 else:
                     result = dispatcher.dispatch(method, params, ctx)
             except CastorError as exc:
-                self.counters["handler_errors"] += 1
+                self._counters["handler_errors"] += 1
                 if msgid is not None:
                     if ctx.early is not None and not _take(ctx.early):  # answered early: that answer stands
                         self._log.debug("{} failed after its early answer: {} {}", method, exc.code, exc.message)
@@ -1888,7 +1898,7 @@ class Connection:
                     # Anyone who can reach the port may send these, as fast as they like: a
                     # warning line each would let them fill the log (and its disk) without a
                     # token. Dropped, counted; a debug line for whoever looks.
-                    self.counters["unauthenticated_notifications"] += 1
+                    self._counters["unauthenticated_notifications"] += 1
                     self._log.debug("notification {!r} dropped: unauthenticated", method[:80])
                 else:
                     self._notification_failed(method, exc)
@@ -1970,7 +1980,7 @@ class Connection:
                             except OSError as exc:
                                 sent = exc
                             if sent == len(tail):
-                                self.counters["frames_out"] += 1
+                                self._frames_out += 1
                             else:
                                 overflow = self._queue_locked(tail, sent)
                             tail = None
@@ -1988,7 +1998,7 @@ class Connection:
         a warning line each let one buggy harness write hundreds of megabytes. One warning, then at most
         one every ``NOTIFICATION_FAILURE_LOG_INTERVAL_S`` saying how many failed since (each a debug
         line); counted in ``notifications_failed``."""
-        self.counters["notifications_failed"] += 1
+        self._counters["notifications_failed"] += 1
         warn, quiet = self._notify_gate.passes()
         if warn:
             self._log.warning("notification {!r} failed: {} {}{}", method[:80], exc.code, exc.message,
@@ -2005,7 +2015,7 @@ class Connection:
 
     def _reject(self, exc: CastorError, msgid: int | None) -> None:
         """A frame with a bad shape: answer its msgid if known, else an ``error`` notification."""
-        self.counters["invalid_frames"] += 1
+        self._counters["invalid_frames"] += 1
         self._log.debug("rejected frame: {}", exc.message)
         if msgid is not None:
             self._send(encode_response(msgid, exc.to_wire(), None))
@@ -2013,7 +2023,7 @@ class Connection:
             self._send(encode_error_notification(exc.to_wire()))
 
     def _on_undecodable(self, exc: UndecodableStream) -> None:
-        self.counters["invalid_frames"] += 1
+        self._counters["invalid_frames"] += 1
         self._log.log(self._peer_fault_level, "undecodable input, closing: {}", exc.message)
         reason = f"invalid_frame: {exc.message}"
         with self._mutex:
@@ -2082,7 +2092,7 @@ class Connection:
             except Exception as exc:  # undecodable: nothing after it can be read; the close says so
                 self._closing_for = f"invalid_frame: {undecodable(exc).message}"
                 return
-            self.counters["frames_in"] += 1
+            self._frames_in += 1
             try:
                 frame = parse_frame(value)
             except (BadParams, BadFrame) as exc:
