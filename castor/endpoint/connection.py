@@ -330,7 +330,8 @@ class Connection:
                  "_waiting_callers", "_wake_r", "_wake_w", "_watch_frames", "_watch_seen", "_watched", "_whole_max",
                  "_wlock", "_wmutex", "_worker_numbers", "_write_failed", "_writer_busy", "close_reason", "_counters",
                  "_frames_in", "_frames_out", "_calls_out",
-                 "dispatcher", "id", "parting_error", "peer_parting", "settings", "state", "transport", "__weakref__")
+                 "dispatcher", "id", "parting_error", "peer_parting", "reply_spin", "settings", "state", "transport",
+                 "__weakref__")
 
     @property
     def name(self) -> str:
