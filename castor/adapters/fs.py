@@ -13,7 +13,9 @@ Guarantees
 - Every directory castor makes (``make_dir``, ``make_dirs``, ``make_durable_dirs``,
   ``ensure_dir``) asks for :data:`DIR_MODE` (``0755``, less the umask), every file ``0644`` at
   most: nothing castor creates is writable by group or others, whatever the umask (a plain
-  ``mkdir`` under ``umask 000`` made run directories anyone could write into).
+  ``mkdir`` under ``umask 000`` made run directories anyone could write into). A directory that
+  holds what no other user should read (a cast's run directory: its request, prompts, answers)
+  is made :data:`PRIVATE_DIR_MODE` (``make_dir(path, PRIVATE_DIR_MODE)``).
 - ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
@@ -71,6 +73,7 @@ from castor.domain import paths
 from castor.messages.errors import Forbidden, NotFound, StorageUnavailable
 
 __all__ = [
+    "PRIVATE_DIR_MODE",
     "JsonLinesRead",
     "SkippedLine",
     "append_json_line",
@@ -94,6 +97,7 @@ __all__ = [
     "fsync_dir",
     "make_dir",
     "make_dirs",
+    "make_private_dir",
     "make_durable_dirs",
     "one_line_json",
     "read_regular_file",
@@ -159,9 +163,16 @@ then swap a saved cast's ``state.json`` (the commands a trusted recast runs) or 
 run directory; a umask never adds bits, so ``077`` still gives ``0700``."""
 
 
-def make_dir(path: str | os.PathLike[str]) -> None:
-    """``os.mkdir(path)`` with :data:`DIR_MODE` (``FileExistsError`` when something is there)."""
-    os.mkdir(path, DIR_MODE)
+PRIVATE_DIR_MODE = 0o700
+"""The mode of a directory whose files no other user may read (a cast's run directory, the artifact
+root castor makes): a project is often readable by everyone (a home of ``0755``, ``umask 022``), and
+a cast's files hold its request, the prompts castor sent (memory recalled into them) and the answers."""
+
+
+def make_dir(path: str | os.PathLike[str], mode: int = DIR_MODE) -> None:
+    """``os.mkdir(path)`` with :data:`DIR_MODE` (or ``mode``, e.g. :data:`PRIVATE_DIR_MODE`;
+    ``FileExistsError`` when something is there)."""
+    os.mkdir(path, mode)
 
 
 def make_dirs(path: str | os.PathLike[str]) -> None:
@@ -176,6 +187,21 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
         make_dirs(parent)
     try:
         os.mkdir(target, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(target):
+            raise
+
+
+def make_private_dir(path: str | os.PathLike[str]) -> None:
+    """``path`` made :data:`PRIVATE_DIR_MODE` (its missing parents :data:`DIR_MODE`), as
+    :func:`make_dirs`: an existing directory is fine (its mode left as it is), anything else in its
+    place is ``FileExistsError``."""
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        return
+    make_dirs(os.path.dirname(os.path.abspath(target)))
+    try:
+        os.mkdir(target, PRIVATE_DIR_MODE)
     except FileExistsError:
         if not os.path.isdir(target):
             raise

@@ -71,6 +71,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import (
+    PRIVATE_DIR_MODE,
     ConfinedRoot,
     JsonLinesRead,
     SkippedLine,
@@ -83,8 +84,8 @@ from castor.adapters.fs import (
     file_signature,
     fsync_dir,
     make_dir,
-    make_dirs,
     make_durable_dirs,
+    make_private_dir,
     one_line_json,
     read_json_lines,
     read_last_json_line,
@@ -236,7 +237,7 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
     root = os.fspath(artifact_root)
     try:
         if not os.path.isdir(root):
-            make_dirs(root)
+            make_private_dir(root)  # its index (each request's head) is the user's alone
     except (FileExistsError, NotADirectoryError):
         raise Conflict(f"the artifact directory {root} is not a directory",
                        data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
@@ -247,7 +248,7 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
         candidate = base if n == 0 else f"{base}-{n}"
         before = cast_index.root_signature(confined.text)
         try:
-            make_dir(confined.join_text(candidate))
+            make_dir(confined.join_text(candidate), PRIVATE_DIR_MODE)  # its files are the user's alone
         except FileExistsError:
             continue
         try:

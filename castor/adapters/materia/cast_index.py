@@ -185,6 +185,16 @@ class CastIndex:
         existed = os.path.exists(self.path)
         if not existed and (not create or not os.path.isdir(self.root)):
             raise IndexUnavailable("no index")
+        if not existed:
+            # made 0600 before SQLite makes it (0644: anyone who may read the project read each cast's
+            # request); its journal takes the database's mode
+            try:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise IndexUnavailable(f"cannot create {self.path}: {exc}") from None
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                                    check_same_thread=False)

@@ -28,7 +28,7 @@ import os
 import threading
 from pathlib import Path
 
-from castor.adapters.fs import ConfinedRoot, make_dirs
+from castor.adapters.fs import ConfinedRoot, make_private_dir
 from castor.adapters.materia.artifacts import validate_cast_id
 from castor.ports.cast_storage import StateCorrupt
 
@@ -86,7 +86,7 @@ class CastLease:
         try:
             fd = _open_lease_file(cast_id, path, flags)
         except FileNotFoundError:  # the run dir is not there yet (a fresh id allocates it first)
-            make_dirs(run_dir)
+            make_private_dir(run_dir)
             fd = _open_lease_file(cast_id, path, flags)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

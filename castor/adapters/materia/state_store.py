@@ -67,7 +67,7 @@ from castor.adapters.fs import (
     atomic_write_bytes,
     foreign_owner,
     is_storage_fault,
-    make_dirs,
+    make_private_dir,
     open_without_links,
     read_regular_file,
     split_text,
@@ -390,7 +390,7 @@ class CastStateStore:
             path = self._root.join_text(f"{validate_cast_id(cast_id)}/{STATE_FILE}")
             run_dir = split_text(path)[0]
             if not os.path.isdir(run_dir):
-                make_dirs(run_dir)
+                make_private_dir(run_dir)
             # the run directory's text too: a save checks it for a link every time
             entry = self._locks[cast_id] = (_thread_lock(path), f"{run_dir}/{LOCK_FILE}", path, run_dir)
         return entry

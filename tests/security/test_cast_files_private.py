@@ -1,0 +1,98 @@
+"""Another local user reading a project's casts: a cast's files hold its request, the prompts
+castor sent (with the memory Icarus recalled into them) and the model's answers. The project is
+the user's, and often world-readable (a home of ``0755``, a checkout under ``umask 022``), so
+castor keeps what it writes about a cast to its own user: a run directory is ``0700``, the
+artifact root castor makes is ``0700``, and the cast index (which keeps each request's head) is
+``0600``. Each test runs a real ``castor cast``, then reads the project as uid ``nobody``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.other_user import as_another_user
+
+from .conftest import castor_argv, serve_env
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root to fork one")]
+
+REQUEST = "secret-request-7f3a: rotate the production database password"
+ANSWER = "secret-answer-9c1e"
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory another user may traverse and read (``/tmp``'s pytest base is ``0700``)."""
+    base = Path(tempfile.mkdtemp(prefix="castor-private-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _what_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
+    """The files under ``root`` that uid nobody can read and that hold one of ``markers``."""
+    def work() -> bytes:
+        found = []
+        for dirpath, _dirnames, filenames in os.walk(root):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, "rb") as handle:
+                        data = handle.read()
+                except OSError:
+                    continue
+                if any(m.encode() in data for m in markers):
+                    found.append(os.path.relpath(path, root))
+        return json.dumps(found).encode()
+
+    got = as_another_user(work)
+    assert not got.startswith(b"RAISED"), got
+    return json.loads(got)
+
+
+def _cast(project: Path, tmp: Path) -> None:
+    env = {**serve_env(tmp), "CASTOR_AGENT": "", "MATERIA_CONFIG": ""}
+    answers = [{"key": "Socket-3", "text": json.dumps({"workItems": [{"id": "w1", "title": "Parser"}]})},
+               {"key": "Socket-4/w1", "text": ANSWER}, {"key": "Socket-5/w1", "text": '{"satisfied": true}'},
+               "Summary: done."]
+    (tmp / "answers.json").write_text(json.dumps(answers))
+    done = subprocess.run(castor_argv("cast", REQUEST, "--agent", f"script:{tmp / 'answers.json'}", "--quiet"),
+                          cwd=str(project), env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+
+
+def test_another_user_reads_no_request_prompt_or_answer_of_a_cast(reachable, tmp_path):
+    project = reachable / "project"
+    project.mkdir(mode=0o755)
+    _cast(project, tmp_path)
+    root = project / ".pi" / "pi-materia"
+    [run] = [p for p in root.iterdir() if p.is_dir()]
+    assert REQUEST in (run / "state.json").read_text()  # it is there, for castor's user
+    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    index = root / ".castor-index.sqlite3"
+    assert index.exists() and stat.S_IMODE(index.stat().st_mode) & 0o077 == 0
+
+
+def test_a_new_cast_in_an_artifact_root_others_may_read_is_still_private(reachable, tmp_path):
+    """A project whose ``.pi/pi-materia`` exists already, ``0755`` (made by an older castor or by
+    pi-materia): the new cast's run directory and a new index are the user's alone all the same."""
+    project = reachable / "project"
+    root = project / ".pi" / "pi-materia"
+    root.mkdir(parents=True, mode=0o755)
+    root.chmod(0o755)
+    _cast(project, tmp_path)
+    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755  # the user's own directory is left as it was
