@@ -1400,6 +1400,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:  # no /proc/locks (not Linux), or a holder in another pid namespace (a container)
             text = (f"This pi-materia cast runs in another castor runtime (a harness session's castor serve, or "
                     f"another castor command); castor abort {cast_id}{flags} asks it to abort:\n{text}")
+        pending = view.get("pending")
+        if isinstance(pending, dict) and pending.get("kind") == "utility" and isinstance(pending.get("visit_id"), str):
+            from castor.adapters.materia.command_records import running_command
+
+            running = running_command(view["run_dir"], pending["visit_id"])  # which command, since when
+            if running is not None:
+                view["command_running"] = running
         now = _waits_now(view)
         if now is not None:
             first, _, rest = text.partition("\n")
@@ -1427,16 +1434,25 @@ def _waits_now(view: dict[str, Any]) -> str | None:
     materia = view.get("current_materia")
     at = f"{socket} ({_name(materia)})" if materia and pending["kind"] != "utility" else socket
     visit = f", visit {pending['visit']}" if pending.get("visit") else ""
+    running = view.get("command_running")
+    if pending["kind"] == "utility" and isinstance(running, dict):  # the command's own process, found running
+        command = running["command"] if len(running["command"]) <= 200 else running["command"][:199] + "…"
+        words = (f"running its utility command `{_name(command)}` (pid {running['pid']}, for "
+                 f"{_age(max(0, int(time.time() - running['started_at'])))})")
     saved = view.get("updated_at")
     if not isinstance(saved, (int, float)):
         return f"now: {words} at {at}{visit}"
-    ago = max(0, int(time.time() - saved))
-    age = (f"{ago}s" if ago < 60 else f"{ago // 60}m {ago % 60}s" if ago < 3600
-           else f"{ago // 3600}h {ago % 3600 // 60}m")
+    age = _age(max(0, int(time.time() - saved)))
     # its date too when not today's (UTC): a cast waiting since yesterday must not read as since today
     today = time.gmtime(saved)[:3] == time.gmtime()[:3]
     clock = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.gmtime(saved))
     return f"now: {words} at {at}{visit}, since its last save at {clock} UTC ({age} ago)"
+
+
+def _age(seconds: int) -> str:
+    """``12s``, ``3m 5s``, ``2h 4m``: how long ago, as ``castor status``'s waiting line says it."""
+    return (f"{seconds}s" if seconds < 60 else f"{seconds // 60}m {seconds % 60}s" if seconds < 3600
+            else f"{seconds // 3600}h {seconds % 3600 // 60}m")
 
 
 def _lease_holder(run_dir: Path) -> dict[str, Any] | None:

@@ -212,6 +212,30 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str, *, keep: str | 
     return killed
 
 
+def running_command(run_dir: str | os.PathLike[str], visit_id: str) -> dict[str, Any] | None:
+    """The process that runs the utility command of ``visit_id`` in ``run_dir`` now, as another
+    process sees it (read only: ``castor status`` of a cast another runtime holds): ``pid``,
+    ``command`` (its command line) and ``started_at`` (epoch seconds) of the topmost process whose
+    environment carries that visit and run directory; None when none runs (or none can be read)."""
+    run_dir_tag = os.fspath(run_dir)
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get(VISIT_ID_ENV) == visit_id and env.get(RUN_DIR_ENV) == run_dir_tag:
+            found[proc.pid] = proc
+    for proc in found.values():
+        try:
+            if proc.ppid() in found or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            return {"pid": proc.pid, "command": " ".join(proc.cmdline()), "started_at": proc.create_time()}
+        except (psutil.Error, OSError):
+            continue
+    return None
+
+
 def kill_tagged(match: Callable[[dict[str, str]], bool]) -> list[int]:
     """SIGKILL every process (not this one) whose environment ``match``es, and every descendant
     of those; collected first, then all stopped (SIGSTOP), then killed. Returns the pids of the
