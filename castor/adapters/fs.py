@@ -15,7 +15,8 @@ Guarantees
   most: nothing castor creates is writable by group or others, whatever the umask (a plain
   ``mkdir`` under ``umask 000`` made run directories anyone could write into). A directory that
   holds what no other user should read (a cast's run directory: its request, prompts, answers)
-  is made :data:`PRIVATE_DIR_MODE` (``make_dir(path, PRIVATE_DIR_MODE)``).
+  is made :data:`PRIVATE_DIR_MODE` (``make_dir(path, PRIVATE_DIR_MODE)``). A JSON-lines file castor appends to
+  (a cast's events, a session log) is created ``0600``.
 - ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
@@ -751,7 +752,8 @@ def append_json_texts(path: str | os.PathLike[str], lines: Sequence[str]) -> Non
         # outside the project) is refused, never appended through.
         # O_NONBLOCK: a FIFO planted in its place must not block the write (it is refused below).
         fd = os.open(os.fspath(path),
-                     os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+                     os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o600)  # a cast's events, a session log: what its prompts and answers said
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise

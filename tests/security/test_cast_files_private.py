@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.timeout(120),
 
 REQUEST = "secret-request-7f3a: rotate the production database password"
 ANSWER = "secret-answer-9c1e"
+TITLE = "secret-title-41d0"  # a work item's title, which the CLI's session log keeps beside the runs
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def _what_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
 
 def _cast(project: Path, tmp: Path) -> None:
     env = {**serve_env(tmp), "CASTOR_AGENT": "", "MATERIA_CONFIG": ""}
-    answers = [{"key": "Socket-3", "text": json.dumps({"workItems": [{"id": "w1", "title": "Parser"}]})},
+    answers = [{"key": "Socket-3", "text": json.dumps({"workItems": [{"id": "w1", "title": TITLE}]})},
                {"key": "Socket-4/w1", "text": ANSWER}, {"key": "Socket-5/w1", "text": '{"satisfied": true}'},
                "Summary: done."]
     (tmp / "answers.json").write_text(json.dumps(answers))
@@ -88,7 +89,8 @@ def test_another_user_reads_no_request_prompt_or_answer_of_a_cast(reachable, tmp
 
 def test_a_new_cast_in_an_artifact_root_others_may_read_is_still_private(reachable, tmp_path):
     """A project whose ``.pi/pi-materia`` exists already, ``0755`` (made by an older castor or by
-    pi-materia): the new cast's run directory and a new index are the user's alone all the same."""
+    pi-materia): the new cast's run directory, a new index and a new session log (the CLI's, which
+    keeps each work item's title) are the user's alone all the same."""
     project = reachable / "project"
     root = project / ".pi" / "pi-materia"
     root.mkdir(parents=True, mode=0o755)
