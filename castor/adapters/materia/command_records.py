@@ -215,12 +215,18 @@ def kill_recorded(run_dir: str | os.PathLike[str], cast_id: str, *, keep: str | 
 def running_command(run_dir: str | os.PathLike[str], visit_id: str) -> dict[str, Any] | None:
     """The process that runs the utility command of ``visit_id`` in ``run_dir`` now, as another
     process sees it (read only: ``castor status`` of a cast another runtime holds): ``pid``,
-    ``command`` (its command line) and ``started_at`` (epoch seconds) of the topmost process whose
-    environment carries that visit and run directory; None when none runs (or none can be read)."""
+    ``command`` (its command line) and ``started_at`` (epoch seconds) of the topmost process of
+    castor's user whose environment carries that visit and run directory; None when none runs (or
+    none can be read)."""
     run_dir_tag = os.fspath(run_dir)
+    me = os.geteuid()
     found: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
         try:
+            # castor's user's processes only: another user's may carry any environment it likes
+            # (castor run by root reads every process's)
+            if proc.uids().effective != me:
+                continue
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
