@@ -1379,6 +1379,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     view = _with_needs_agent(args, view, root)
     if view.get("needs_agent"):
         text += f"\n{NO_AGENT_REMEMBERED}"
+    pending = view.get("pending")
+    if isinstance(pending, dict) and pending.get("kind") == "utility" and isinstance(pending.get("visit_id"), str):
+        from castor.adapters.materia.command_records import running_command
+
+        running = running_command(view["run_dir"], pending["visit_id"])  # which command, since when
+        if running is not None:
+            view["command_running"] = running
+            if not held_elsewhere(view):  # its runtime is gone (kill -9): the command runs on, unowned
+                text += (f"\nits utility command {_running_words(running)} still runs, left by the runtime "
+                         f"that stopped; a recast kills it before it runs the command again")
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
         # Whichever holds it (a harness session's castor serve, another castor command), it takes
@@ -1400,13 +1410,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:  # no /proc/locks (not Linux), or a holder in another pid namespace (a container)
             text = (f"This pi-materia cast runs in another castor runtime (a harness session's castor serve, or "
                     f"another castor command); castor abort {cast_id}{flags} asks it to abort:\n{text}")
-        pending = view.get("pending")
-        if isinstance(pending, dict) and pending.get("kind") == "utility" and isinstance(pending.get("visit_id"), str):
-            from castor.adapters.materia.command_records import running_command
-
-            running = running_command(view["run_dir"], pending["visit_id"])  # which command, since when
-            if running is not None:
-                view["command_running"] = running
         now = _waits_now(view)
         if now is not None:
             first, _, rest = text.partition("\n")
@@ -1436,9 +1439,7 @@ def _waits_now(view: dict[str, Any]) -> str | None:
     visit = f", visit {pending['visit']}" if pending.get("visit") else ""
     running = view.get("command_running")
     if pending["kind"] == "utility" and isinstance(running, dict):  # the command's own process, found running
-        command = running["command"] if len(running["command"]) <= 200 else running["command"][:199] + "…"
-        words = (f"running its utility command `{_name(command)}` (pid {running['pid']}, for "
-                 f"{_age(max(0, int(time.time() - running['started_at'])))})")
+        words = f"running its utility command {_running_words(running)}"
     saved = view.get("updated_at")
     if not isinstance(saved, (int, float)):
         return f"now: {words} at {at}{visit}"
@@ -1447,6 +1448,13 @@ def _waits_now(view: dict[str, Any]) -> str | None:
     today = time.gmtime(saved)[:3] == time.gmtime()[:3]
     clock = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.gmtime(saved))
     return f"now: {words} at {at}{visit}, since its last save at {clock} UTC ({age} ago)"
+
+
+def _running_words(running: dict[str, Any]) -> str:
+    """A utility command's process as ``castor status`` names it: the command in backquotes, then
+    ``(pid 4242, for 3m 5s)``."""
+    command = running["command"] if len(running["command"]) <= 200 else running["command"][:199] + "…"
+    return f"`{_name(command)}` (pid {running['pid']}, for {_age(max(0, int(time.time() - running['started_at'])))})"
 
 
 def _age(seconds: int) -> str:

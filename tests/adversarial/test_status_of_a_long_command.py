@@ -70,3 +70,41 @@ def test_status_of_a_cast_in_a_long_command_names_the_command_its_pid_and_how_lo
         if os.path.exists(project):
             (project / "release.txt").write_text("go")
         terminate_then_kill(cast)
+
+
+def test_status_of_a_cast_whose_runtime_was_killed_names_the_command_it_left_running(tmp_path):
+    """``kill -9`` of the ``castor cast`` running it: the cast reads ``orphaned``, resumable, and its
+    command runs on, reparented to init, with nothing to say so; the status names it, and the recast
+    it offers kills it before running the command again."""
+    project = tmp_path / "project"
+    (project / ".pi").mkdir(parents=True)
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(CONFIG))
+    (project / "answers.json").write_text(json.dumps(["hi", "hi"]))
+    cast = subprocess.Popen([sys.executable, "-m", "castor", "cast", "A", "--agent", "script:answers.json", "--quiet"],
+                            env=castor_env(tmp_path), cwd=str(project), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    left = None
+    try:
+        wait_for(lambda: (project / "started.txt").exists() or cast.poll() is not None, timeout=40,
+                 what="the utility command to start")
+        cast.kill()
+        cast.wait(10)
+        shown = _castor(tmp_path, project, "status", "latest")
+        assert shown.returncode == 0, shown.stderr
+        line = next((x for x in shown.stdout.splitlines() if x.startswith("its utility command ")), None)
+        assert line is not None, shown.stdout
+        assert line.startswith("its utility command `sh -c echo started > started.txt;") and \
+            line.endswith("still runs, left by the runtime that stopped; a recast kills it before it runs the "
+                          "command again"), line
+        left = int(line.split("(pid ", 1)[1].split(",", 1)[0])
+        assert json.loads(_castor(tmp_path, project, "status", "latest", "--json").stdout)["command_running"]["pid"] \
+            == left
+
+        (project / "release.txt").write_text("go")  # the command the recast runs again ends at once
+        recast = _castor(tmp_path, project, "recast", "latest", "--agent", "script:answers.json", "--quiet")
+        assert recast.returncode == 0, recast.stdout + recast.stderr
+        assert not os.path.exists(f"/proc/{left}") or open(f"/proc/{left}/stat").read().split()[2] == "Z"
+    finally:
+        if os.path.exists(project):
+            (project / "release.txt").write_text("go")
+        terminate_then_kill(cast)
