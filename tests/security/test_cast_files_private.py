@@ -98,3 +98,37 @@ def test_a_new_cast_in_an_artifact_root_others_may_read_is_still_private(reachab
     _cast(project, tmp_path)
     assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
     assert stat.S_IMODE(root.stat().st_mode) == 0o755  # the user's own directory is left as it was
+
+
+def test_a_cast_a_harness_starts_through_castor_serve_is_private_too(reachable, tmp_path):
+    """The same through the endpoint: a harness's ``cast.start`` on a project others may read."""
+    import threading
+
+    from tests.support.waiting import wait_for
+
+    from .conftest import SocketServer
+
+    project = reachable / "project"
+    project.mkdir(mode=0o755)
+    server = SocketServer(tmp_path)
+    client = server.client()
+    try:
+        def run_turn(params: dict) -> None:
+            threading.Thread(target=lambda: client.call(
+                "agent.turn_ended", {"session_id": "s1", "turn_id": params["turn_id"], "text": ANSWER,
+                                     "stop_reason": "stop"}, timeout=20), daemon=True).start()
+
+        client.on_notification("agent.run_turn", run_turn)
+        client.on_request("session.append_entry", lambda p: {"ok": True, "entry_id": "e"})
+        client.call("session.open", {"session_id": "s1", "cwd": str(project), "trusted": True}, timeout=20)
+        client.call("loadout.set", {"session_id": "s1", "name": "hello"}, timeout=20)
+        cast_id = client.call("cast.start", {"session_id": "s1", "request": REQUEST}, timeout=20)["cast_id"]
+        wait_for(lambda: client.call("cast.status", {"session_id": "s1", "cast_id": cast_id},
+                                     timeout=20)["status"] == "complete", timeout=30, what="the cast to complete")
+    finally:
+        client.close()
+        server.stop()
+    run = project / ".pi" / "pi-materia" / cast_id
+    assert REQUEST in (run / "state.json").read_text() and ANSWER in (run / "events.jsonl").read_text() + "".join(
+        p.read_text() for p in (run / "sockets").rglob("*.md"))
+    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
