@@ -63,6 +63,20 @@ harness event that finds it idle is handled on the asking thread, and the lane's
 is *asked*, so an idle controller resolves the caller's future on the thread that made the
 worker call.
 
+Completions
+-----------
+The machine's state is stepped and replaced under a small lock (``_step_lock``), not only in the
+actor's turn. A worker call's completion whose step has one effect, its caller's answer (a
+prompt with nothing to inject -- the commonest --, one whose context is injected unfiltered, a
+start without context, a capture), is stepped and answered on the thread that made the call,
+under that lock, without a message to the actor: one inline ask fewer per hook. Any other
+completion (a failed call, whose step logs; a context to filter or to send; a shutdown's close)
+is stepped in the turn as before, and so is everything else. The lock makes each step atomic, so
+a completion and a concurrent ``/icarus off``, new session or abort are applied one after the
+other in some order, each answering what the other left in flight: as when both were messages.
+The completion is still applied before the lane counts as free again and before the caller's
+answer is set, so nothing the harness sends after that answer is stepped ahead of it.
+
 Who makes the worker call: the lane's own thread, unless the asker offers to (``HookClient.event``
 with ``answer=``, which the endpoint gives: its early answer). Then the event is stepped on the
 asking thread without waking the lane's thread, and the asker runs the queued call itself while
@@ -443,6 +457,10 @@ class HookController(Actor):
         self._quit_timer: CancelToken | None = None
 
     def on_start(self) -> None:
+        #: Held while the state is stepped and replaced (see "Completions"): handlers step it in
+        #: the actor's turn, and a worker call's completion may step it on the thread that made
+        #: the call, outside the turn.
+        self._step_lock = threading.Lock()
         self.state = lc.initial_state(self.config)
         self._busy_since: float | None = None
         #: The footer the last prompt's step sent, while nothing else set the status since (see
@@ -455,8 +473,14 @@ class HookController(Actor):
         handle = self.handle
         bound = ASK_GRACE + self.worker_timeout
 
+        complete = self._complete
+
         def feed_back(done: lc.WorkerDone) -> None:
-            # An ask, not a tell: an idle controller handles it on the lane thread, which then
+            # A completion whose step only answers its caller is applied here, on the thread
+            # that made the call, under the step lock ("Completions" above): no ask at all.
+            if complete(done):
+                return
+            # Else an ask, not a tell: an idle controller handles it on the lane thread, which then
             # resolves the caller's future itself (one hand-off fewer each way). The controller
             # never waits on the lane, so the lane waiting on the controller cannot deadlock.
             try:
@@ -474,10 +498,12 @@ class HookController(Actor):
         lane = getattr(self, "_lane", None)
         if lane is not None:
             lane.stop()
-        for token in getattr(self, "_cancels", {}).values():
+        # Copied first (one C call each): a completion applied outside the turn (_complete) may
+        # pop its entry meanwhile.
+        for token in list(getattr(self, "_cancels", {}).values()):
             token.cancel()
         futures = getattr(self, "_futures", {})
-        for fut in futures.values():
+        for fut in list(futures.values()):
             if not fut.done():
                 fut.set_result(None)
         futures.clear()
@@ -551,14 +577,16 @@ class HookController(Actor):
         kind = type(event)
         if kind is lc.SessionStart:
             self._prompt_footer = None  # a (re)started session gets the footer at its next prompt
-        generation = self.state.generation
-        self.state, effects = lc.step(self.state, event)
-        if self.state.generation != generation or kind is lc.TurnAborted:
+        with self._step_lock:  # a completion may step the state outside the turn (_complete)
+            state = self.state
+            nxt, effects = lc.step(state, event)
+            self.state = nxt
+        if nxt.generation != state.generation or kind is lc.TurnAborted:
             # Retrievals still queued whose prompt was just answered (nothing) are never sent:
             # their answer is ignored, a hung worker ahead of them would make a quit wait for
             # them too, and the backend would mark memories as injected that never were.
-            self._lane.drop_answered("pre_llm_call", self.state.inflight)
-        if self.state.inflight:  # what a snapshot shows meanwhile (see _describe)
+            self._lane.drop_answered("pre_llm_call", nxt.inflight)
+        if nxt.inflight:  # what a snapshot shows meanwhile (see _describe)
             if self._busy_since is None:
                 self._busy_since = time.monotonic()
         else:
@@ -585,6 +613,23 @@ class HookController(Actor):
                     closing.append(fut)
             else:
                 self._interpret(effect, lane_wakes)
+
+    def _complete(self, done: lc.WorkerDone) -> bool:
+        """Apply ``done`` here, outside the actor's turn, when its step's only effect is its
+        caller's answer (a prompt's, a start's or a capture's commonest completion): True. Else
+        nothing is changed and False: it goes to the actor as a message ("Completions" above)."""
+        with self._step_lock:
+            nxt, effects = lc.step(self.state, done)
+            if len(effects) != 1 or type(reply := effects[0]) is not lc.Reply:
+                return False
+            self.state = nxt
+        if not nxt.inflight:
+            self._busy_since = None  # for snapshots only (see _describe)
+        fut = self._futures.pop(reply.request, None)  # one C call each: atomic in the GIL
+        self._cancels.pop(reply.request, None)
+        if fut is not None:
+            fut.set_result(reply.result)  # ignored when answered already
+        return True
 
     def _set_status(self, effect: lc.SetStatus, prompt: bool) -> None:
         """Send ``effect`` to the UI port, unless it is a prompt's footer (``prompt``) equal to the
