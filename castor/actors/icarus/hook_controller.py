@@ -10,7 +10,8 @@ CallWorker         queued on the session's *worker lane*, which submits calls to
                    :class:`~castor.ports.worker.WorkerCalls` one at a time, in order, on its
                    own thread or on a helping asker's (see "Hand-offs"); the outcome comes
                    back to this actor as ``WorkerDone``, asked from that thread (so an idle
-                   controller handles it there)
+                   controller handles it there), or stepped there without a message when
+                   its only effect is the caller's answer (see "Completions")
 CloseWorker        queued on the same lane, so it runs after ``on_session_end``; the replies
                    that follow it in the same step are given only once the worker is closed
 Filter             a filter job thread: ``ClassifierActor`` (one total deadline, honours the
@@ -60,8 +61,8 @@ Hand-offs
 ---------
 Because the handlers never block, the controller takes asks inline (``inline_asks``): a
 harness event that finds it idle is handled on the asking thread, and the lane's ``WorkerDone``
-is *asked*, so an idle controller resolves the caller's future on the thread that made the
-worker call.
+is stepped on the thread that made the worker call ("Completions") or *asked* from it, so the
+caller's future is resolved on that thread.
 
 Completions
 -----------
