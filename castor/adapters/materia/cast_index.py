@@ -21,7 +21,10 @@ So a page of ``limit`` rows costs ``O(limit)`` (plus ``O(casts)`` once after som
 the root), whatever the number of finished casts. The stored root signature is moved only by
 compare-and-set (``stat`` before the ``mkdir``/``rmtree``, ``stat`` after, update only if the
 stored value is still the "before"), so a directory made by anyone else in between leaves the
-index stale, and the next reader reconciles. Two runtimes on one project share the database
+index stale, and the next reader reconciles. Within a process one thread writes an index at a time, each
+transaction with every write queued by then: a cast's own rows (its start's, its end's) are
+left in that queue when another thread is writing, so casts ending together do not each hold a
+thread on the database's lock; every read writes what is queued first. Two runtimes on one project share the database
 (SQLite's own locking; a busy index is skipped, never waited on for long); a ``kill -9`` mid-update
 leaves the database as of its last commit (the rollback journal; commits are not fsynced — the
 index is a cache, so a power cut may cost its last commits, which the checks above catch, or
@@ -157,6 +160,11 @@ class CastIndex:
         self.path = f"{root}/{DB_NAME}"
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        # Writes queued for the one thread writing the index now (see _write): a cast's thread
+        # leaves its row there and goes on, instead of waiting for the database's lock.
+        self._writer = threading.Condition(threading.Lock())
+        self._queued: list[Callable[[sqlite3.Connection], object]] = []
+        self._writing = False
         self.fresh = False  # the database was (re)created by this object: a full rebuild is due
         self._open(create=create)
 
@@ -272,23 +280,73 @@ class CastIndex:
                 raise
 
     # -- writes ---------------------------------------------------------------
-    def upsert(self, rows: Iterable[IndexRow]) -> None:
-        with self._db(write=True) as conn:
-            _upsert(conn, [_values(r) for r in rows])
+    def _write(self, op: Callable[[sqlite3.Connection], object] | None, *, soon: bool = False) -> None:
+        """Run ``op`` in a write transaction, with every write queued before it, in queue order.
+
+        One thread writes at a time, each transaction holding every write queued by then. With
+        ``soon``, a thread that finds another one writing leaves ``op`` in the queue for it and
+        returns at once (nothing waits on the database's lock: casts ending together no longer
+        each hold a thread there); its failure is then the writer's, and the row is left as the
+        index had it (a cache: readers check every row they return, see the module doc). Without
+        ``soon`` (``op`` None: only what is queued -- every read does this first, so a read sees
+        every write queued before it), it waits for the writer at work, then writes what is
+        queued and ``op`` in one transaction, and raises if it fails."""
+        with self._writer:
+            if soon:
+                assert op is not None
+                self._queued.append(op)
+                if self._writing:
+                    return
+            else:
+                while self._writing:
+                    self._writer.wait()
+                if op is None and not self._queued:
+                    return
+            self._writing = True
+            batch, self._queued = self._queued, []
+        own = None if soon else op
+        try:
+            while True:
+                with self._db(write=True) as conn:
+                    for queued in batch:
+                        queued(conn)
+                    if own is not None:
+                        own(conn)
+                        own = None
+                with self._writer:
+                    batch, self._queued = self._queued, []
+                    if not batch:
+                        self._writing = False
+                        self._writer.notify_all()
+                        return
+        except BaseException:
+            with self._writer:
+                self._writing = False
+                self._writer.notify_all()
+            raise
+
+    def upsert(self, rows: Iterable[IndexRow], *, soon: bool = False) -> None:
+        """Insert or update ``rows``; ``soon``: possibly written by the thread writing now (see _write)."""
+        values = [_values(r) for r in rows]
+        self._write(lambda conn: _upsert(conn, values), soon=soon)
 
     def delete(self, cast_ids: Iterable[str]) -> None:
-        with self._db(write=True) as conn:
-            deleted = conn.executemany("DELETE FROM casts WHERE id = ?", [(c,) for c in cast_ids]).rowcount
+        ids = [(c,) for c in cast_ids]
+
+        def delete(conn: sqlite3.Connection) -> None:
+            deleted = conn.executemany("DELETE FROM casts WHERE id = ?", ids).rowcount
             if deleted:
                 conn.execute(_COUNT, (-deleted,))
 
+        self._write(delete)
+
     def moved(self, before: str | None, after: str | None, *, insert: IndexRow | None = None,
-              delete: str | None = None, keep_existing: bool = False) -> None:
+              delete: str | None = None, keep_existing: bool = False, soon: bool = False) -> None:
         """Record a change castor made to the root (a run directory made or removed) and move the
         stored root signature from ``before`` to ``after`` if it still is ``before``.
         ``keep_existing``: ``insert`` only if the id has no row yet (one there was written later
-        than ``insert`` was made: a reader's reconcile, the cast's own save)."""
-        with self._db(write=True) as conn:
+        than ``insert`` was made: a reader's reconcile, the cast's own save). ``soon``: see _write."""
+        def moved(conn: sqlite3.Connection) -> None:
             if insert is not None and keep_existing:
                 if conn.execute(_INSERT, _values(insert)).rowcount:
                     conn.execute(_COUNT, (1,))
@@ -299,28 +357,33 @@ class CastIndex:
             if before is not None and after is not None:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'root' AND value = ?", (after, before))
 
+        self._write(moved, soon=soon)
+
     def set_root_signature(self, sig: str | None) -> None:
-        with self._db(write=True) as conn:
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('root', ?)", (sig,))
+        self._write(lambda conn: conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('root', ?)", (sig,)))
 
     # -- reads ----------------------------------------------------------------
     def root_signature_stored(self) -> str | None:
+        self._write(None)
         with self._db() as conn:
             found = conn.execute("SELECT value FROM meta WHERE key = 'root'").fetchone()
         return found[0] if found else None
 
     def ids(self) -> set[str]:
+        self._write(None)
         with self._db() as conn:
             return {r[0] for r in conn.execute("SELECT id FROM casts")}
 
     def count(self) -> int:
         """The number of rows (kept by triggers: no scan of the table)."""
+        self._write(None)
         with self._db() as conn:
             found = conn.execute("SELECT value FROM meta WHERE key = 'count'").fetchone()
         return int(found[0]) if found else 0
 
     def page(self, after: tuple[int, str] | None, limit: int, *, where: str = "") -> list[IndexRow]:
         """Rows newest id first, readable ones before unreadable ones, strictly after ``after``."""
+        self._write(None)
         sql = f"SELECT {_COLUMNS} FROM casts"
         args: list[Any] = []
         clauses = [where] if where else []

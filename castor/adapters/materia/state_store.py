@@ -576,7 +576,7 @@ class CastStateStore:
         if self._indexed.get(cast_id) == (status, resumable, revivable, state.failed_reason):
             return
         row = _row_from_fields(cast_id, _fields_of(state), signature_text(st), saved_at=None)
-        if cast_index.best_effort(self._root.text, lambda index: index.upsert([row])):
+        if cast_index.best_effort(self._root.text, lambda index: index.upsert([row], soon=True)):
             self._indexed[cast_id] = row.key
 
     def _current(self, cast_id: str, path: str, run_dir: str,

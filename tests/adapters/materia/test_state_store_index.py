@@ -401,3 +401,32 @@ def test_rows_left_for_casts_that_never_take_them_are_bounded_and_the_listing_st
     monkeypatch.setattr(artifacts, "_UNINDEXED_MAX_S", 0.0)
     last = allocate_cast_id_indexed_later(tmp_path)
     assert list(pending) == [f"{tmp_path}/{last}"]
+
+
+@pytest.mark.timeout(60)
+def test_a_cast_s_row_is_left_to_the_thread_writing_the_index_and_a_read_sees_it(tmp_path):
+    """Casts ending together do not each hold a thread on the index's lock: while one thread
+    writes, another's row is queued for it and that thread goes on at once; the writer commits
+    it with its own, and a read made afterwards sees it (a read writes what is queued first)."""
+    import threading
+
+    index = cast_index.open_index(str(tmp_path))
+    assert index is not None
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(conn):
+        inside.set()
+        assert release.wait(30)
+
+    writer = threading.Thread(target=lambda: index._write(slow, soon=True))
+    writer.start()
+    assert inside.wait(30)
+    left = threading.Thread(target=lambda: index.upsert([cast_index.IndexRow(cast_id="c1", status="complete")],
+                                                        soon=True))
+    left.start()
+    left.join(5)
+    assert not left.is_alive(), "the row's thread waited for the index's writer"
+    release.set()
+    writer.join(30)
+    assert index.ids() == {"c1"}
+    assert index.count() == 1
