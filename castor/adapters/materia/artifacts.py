@@ -268,7 +268,7 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
 
         def record(index: cast_index.CastIndex, before: Any = before, after: Any = after,
                    row: cast_index.IndexRow = row) -> None:
-            index.moved(before, after, insert=row, keep_existing=True)
+            index.moved(before, after, insert=row, keep_existing=True, soon=True)
 
         def index_row(text: str = confined.text, index: cast_index.CastIndex | None = index) -> None:
             # The index opened above (not looked up again), unless it was closed since: then looked up.
@@ -453,11 +453,12 @@ class CastArtifacts:
         # The manifest as last written by this object, and the file identity it was written
         # as: an append rewrites it from memory unless the file changed underneath.
         self._manifest_meta: dict[str, Any] | None = None
-        self._manifest_lines: list[str] = []
+        self._manifest_count = 0  # the entries of the manifest this object wrote last
         self._manifest_sig: tuple[int, int, int, int] | None = None
         self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
         self._manifest_head_bytes = b""  # the same, UTF-8
-        # b",\n    ".join of self._manifest_lines, UTF-8: an append encodes and joins its new lines only
+        # b",\n    ".join of that manifest's entry lines, UTF-8: an append encodes and joins its new lines
+        # only (the text alone is kept, not the lines too: a live cast's memory)
         self._manifest_body = b""
 
     @functools.cached_property
@@ -621,7 +622,9 @@ class CastArtifacts:
                     synced.add(self._publish(content.name, target))
                     continue
                 if relative == self.MANIFEST:  # castor's own layout, and the next append needs no re-read
-                    self._write_manifest(*self._manifest_document(content, target), target, sync_dir=False)
+                    meta, lines = self._manifest_document(content, target)
+                    self._write_manifest(meta, _ENTRY_SEP.join(lines).encode("utf-8"), len(lines), target,
+                                         sync_dir=False)
                     synced.add(self._run_prefix)
                     continue
                 synced.add(split_text(self._replace(target, content, sync_dir=False))[0])
@@ -723,7 +726,7 @@ class CastArtifacts:
         if session_file is not None:
             manifest["sessionFile"] = session_file
         with self._lock:
-            return Path(self._write_manifest(manifest, []))
+            return Path(self._write_manifest(manifest, b"", 0))
 
     def add_manifest_entry(self, entry: dict[str, Any]) -> dict[str, Any]:
         """Append one entry (a ``timestamp`` is added if absent) and rewrite the manifest atomically."""
@@ -745,16 +748,20 @@ class CastArtifacts:
         stored = [entry if "timestamp" in entry else {**entry, "timestamp": now_ms} for entry in entries]
         if stored:
             added = [_manifest_line(r) for r in stored]
-            body = None
-            if lines is self._manifest_lines:  # the lines written last: their joined text is kept
+            if lines is None:  # the manifest written last: its entries' joined text is kept
                 joined = _ENTRY_SEP.join(added).encode("utf-8")
-                body = self._manifest_body + _ENTRY_SEP_BYTES + joined if lines else joined
-            self._write_manifest(meta, lines + added, target, body=body)
+                count = self._manifest_count
+                body = self._manifest_body + _ENTRY_SEP_BYTES + joined if count else joined
+            else:
+                count, body = len(lines), _ENTRY_SEP.join(lines + added).encode("utf-8")
+            self._write_manifest(meta, body, count + len(added), target)
         return stored
 
-    def _manifest_now(self, target: str) -> tuple[dict[str, Any], list[str]]:
+    def _manifest_now(self, target: str) -> tuple[dict[str, Any], list[str] | None]:
+        """The manifest's fields and its entry lines, read from ``target``; lines None: the manifest
+        is the one this object wrote last (its entries' text is ``_manifest_body``)."""
         if self._manifest_meta is not None and file_signature(target) == self._manifest_sig:
-            return self._manifest_meta, self._manifest_lines
+            return self._manifest_meta, None
         return self._split_manifest(self.read_manifest(), target)
 
     def _split_manifest(self, manifest: Any, target: str) -> tuple[dict[str, Any], list[str]]:
@@ -766,22 +773,20 @@ class CastArtifacts:
         entries = manifest.pop("entries", None)
         return manifest, [_manifest_line(e) for e in entries or []]
 
-    def _write_manifest(self, meta: dict[str, Any], lines: list[str], target: str | None = None, *,
-                        sync_dir: bool = True, body: bytes | None = None) -> str:
-        """Write the manifest of ``meta`` and entry ``lines`` (``body``: their joined UTF-8 text, if
-        the caller has it); the bytes are :func:`_manifest_fields` + :func:`_manifest_entries`'."""
+    def _write_manifest(self, meta: dict[str, Any], body: bytes, count: int, target: str | None = None, *,
+                        sync_dir: bool = True) -> str:
+        """Write the manifest of ``meta`` and ``count`` entries, ``body`` their lines joined (UTF-8);
+        the bytes are :func:`_manifest_fields` + :func:`_manifest_entries`'."""
         with self._lock:
             if meta is self._manifest_meta:
                 head, head_bytes = self._manifest_head, self._manifest_head_bytes
             else:
                 head = _manifest_fields(meta)
                 head_bytes = head.encode("utf-8")
-            if body is None:
-                body = _ENTRY_SEP.join(lines).encode("utf-8")
-            data = b"".join((head_bytes, _ENTRIES_OPEN, body, _ENTRIES_CLOSE)) if lines \
+            data = b"".join((head_bytes, _ENTRIES_OPEN, body, _ENTRIES_CLOSE)) if count \
                 else head_bytes + _NO_ENTRIES
             target = self._replace(target or self._target(self.MANIFEST), data, sync_dir=sync_dir)
-            self._manifest_meta, self._manifest_lines, self._manifest_sig = meta, lines, file_signature(target)
+            self._manifest_meta, self._manifest_count, self._manifest_sig = meta, count, file_signature(target)
             self._manifest_head, self._manifest_head_bytes, self._manifest_body = head, head_bytes, body
         return target
 
