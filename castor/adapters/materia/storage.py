@@ -130,7 +130,13 @@ class FileCastStorage:
         command_records.forget(command_records.record_path(run_dir, visit_id))
 
     def config_cache(self) -> config_loader.ResolvedConfigCache:
-        return config_loader.ResolvedConfigCache()
+        """One cache for every session over this storage (a runtime's): sessions in one project
+        share its resolved config, and what each cast derives from it once (its JSON texts), instead
+        of a copy each. Keyed by project, loadout and config file, checked against the layer files."""
+        cache = self.__dict__.get("_config_cache")
+        if cache is None:
+            cache = self.__dict__.setdefault("_config_cache", config_loader.ResolvedConfigCache())
+        return cache
 
     def load_config(self, cwd: str | os.PathLike[str], *,
                     config_path: str | os.PathLike[str] | None = None) -> LoadedConfig:
