@@ -133,9 +133,10 @@ class FileCastStorage:
         """One cache for every session over this storage (a runtime's): sessions in one project
         share its resolved config, and what each cast derives from it once (its JSON texts), instead
         of a copy each. Keyed by project, loadout and config file, checked against the layer files."""
-        cache = self.__dict__.get("_config_cache")
+        cache: config_loader.ResolvedConfigCache | None = self.__dict__.get("_config_cache")
         if cache is None:
             cache = self.__dict__.setdefault("_config_cache", config_loader.ResolvedConfigCache())
+        assert cache is not None
         return cache
 
     def load_config(self, cwd: str | os.PathLike[str], *,
