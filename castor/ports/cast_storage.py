@@ -166,6 +166,10 @@ class CastFiles(Protocol):
 
     def replay_staged(self, relative: str, name: str, size: object) -> bool: ...
 
+    def forget_kept(self) -> None:
+        """Drop what is kept between writes (the manifest's text, the paths checked): the cast waits."""
+        ...
+
 
 class StagedFile(Protocol):
     """A whole file's bytes written durably in the run directory before the save that names them

@@ -800,6 +800,15 @@ class CastActor(Actor):
             self._watch_abort_requests()
         self._perform_transition(*saved)
 
+    def _waiting_for_agent(self) -> None:
+        """The cast now waits for a turn its SocketActor owns (seconds to minutes with a model; a
+        turn answered at once, as a steady run of transitions has them, makes no SocketActor and
+        never comes here): what its files object keeps between writes is dropped, and read back
+        from the run directory at its next transition (the same bytes: see ``forget_kept``). A
+        cast's hibernation, as far as it is cheap: its state stays (reading it back would cost a
+        parse and a validation of state.json per turn)."""
+        self.artifacts.forget_kept()
+
     def _index_new_cast(self) -> None:
         """A new cast's index row, which its allocation left for this thread (see allocate_cast_id's
         ``index_later``); nothing once written (or for a cast that was not new here)."""
@@ -1156,6 +1165,8 @@ class CastActor(Actor):
                 except Exception:  # noqa: BLE001 - best effort; the engine ignores late answers anyway
                     pass
             self._dispatch_failed(effect.visit_id, f"cannot start the socket actor: {exc.message}")
+        else:
+            self._waiting_for_agent()
 
     def _count_visit(self, effect: RunAgentTurn) -> None:
         """Count the visit ``effect`` opens once (``castor_socket_visits_total``), however many

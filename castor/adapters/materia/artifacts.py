@@ -465,6 +465,16 @@ class CastArtifacts:
     def run_dir(self) -> Path:
         return Path(self._run_prefix)
 
+    def forget_kept(self) -> None:
+        """Drop what this object keeps between writes -- the manifest's fields and text, the
+        directories and paths it has checked -- while its cast waits for a turn (a live cast's
+        memory, ~10 KiB at ten sockets, growing with its entries). The next write reads the
+        manifest back and checks its paths again, as after another writer's change: the same bytes."""
+        with self._lock:
+            self._made, self._fitted = set(), {}
+            self._manifest_meta, self._manifest_sig, self._manifest_count = None, None, 0
+            self._manifest_head, self._manifest_head_bytes, self._manifest_body = "", b"", b""
+
     @functools.cached_property
     def artifact_root(self) -> Path:
         return Path(self._artifact_root_text)

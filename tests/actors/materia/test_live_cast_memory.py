@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from castor.actors.materia.api import materia_call
-from tests.actors.materia.helpers import make_runtime, open_session, wait_status, write_project_config
+from tests.actors.materia.helpers import make_runtime, open_session, wait_for, wait_status, write_project_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,5 +28,57 @@ def test_sessions_in_one_project_share_its_resolved_config(tmp_path):
         actors = [rt.system.registry.find(rt.session(sid).child("materia")).actor for sid in ("s1", "s2")]
         assert actors[0] is not actors[1]
         assert actors[0]._resolved() is actors[1]._resolved()
+    finally:
+        rt.shutdown(30)
+
+
+def _manifest_steps(arts, *, forget: bool) -> bytes:
+    """A cast's manifest writes (its start's whole manifest, then entries per transition), with
+    ``forget_kept`` between them (a cast waiting for its agent) or not."""
+    from castor.adapters.materia.artifacts import CastArtifacts
+
+    assert isinstance(arts, CastArtifacts)
+    arts.create()
+    start = json.dumps({"castId": arts.cast_id, "request": "naïve ✓ \"quoted\"", "configSource": "x", "entries": [
+        {"kind": "context", "artifact": "contexts/Socket-1.md", "timestamp": 1}]})
+    arts.write_transition({"manifest.json": start, "contexts/Socket-1.md": "ctx"}, [], [])
+    for n in range(1, 4):
+        if forget:
+            arts.forget_kept()
+        entries = [{"kind": "socket_output", "socket": f"Socket-{n}", "artifact": f"sockets/Socket-{n}/1.md",
+                    "size": 1.5, "note": "ü\u2028", "list": [1, None, True]},
+                   {"kind": "context", "artifact": f"contexts/Socket-{n + 1}.md"}]
+        arts.write_transition({f"sockets/Socket-{n}/1.md": "out"}, entries, [("socket_complete", {"n": n}, n)])
+    return (arts.run_dir / "manifest.json").read_bytes()
+
+
+def test_a_cast_s_files_object_that_forgot_what_it_kept_writes_the_same_manifest(tmp_path, monkeypatch):
+    """forget_kept (a cast waiting for its agent) costs a read of the manifest at the next write,
+    and the manifest comes out byte for byte as from an object that kept everything."""
+    from castor.adapters.materia.artifacts import CastArtifacts
+
+    monkeypatch.setattr("time.time", lambda: 1_700_000_000.0)  # the entries' timestamps alike
+    kept = _manifest_steps(CastArtifacts(tmp_path / "a", "20260101-000000"), forget=False)
+    forgot = _manifest_steps(CastArtifacts(tmp_path / "b", "20260101-000000"), forget=True)
+    assert forgot == kept and b"Socket-3" in kept
+
+
+def test_a_cast_waiting_for_its_agent_keeps_no_manifest_text(tmp_path):
+    """While its turn is with its SocketActor (the agent has not answered yet), a cast's files
+    object holds none of the manifest; the cast then completes as any other."""
+    write_project_config(tmp_path, CONFIG)
+    rt = make_runtime()
+    try:
+        agent, _ui = open_session(rt, "s1", tmp_path, {"*": [{"text": "ok", "delay_ms": 400}]})
+        cast_id = materia_call(rt, "s1", "start", {"request": "r"})["cast_id"]
+        handle = rt.system.registry.find(rt.session("s1").child("cast", cast_id))
+        wait_for(lambda: handle.actor is not None and handle.actor._sockets, what="the turn with its SocketActor")
+        arts = handle.actor.artifacts
+        wait_for(lambda: arts._manifest_meta is None, what="the manifest forgotten")
+        assert arts._manifest_body == b"" and not arts._made and not arts._fitted
+        view = wait_status(rt, "s1", cast_id)
+        assert view["status"] == "complete"
+        manifest = json.loads((Path(view["run_dir"]) / "manifest.json").read_text())
+        assert [e.get("kind") for e in manifest["entries"]].count("socket_output") == 1
     finally:
         rt.shutdown(30)
