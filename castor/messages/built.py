@@ -27,13 +27,13 @@ _SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
 _SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
 _DEFAULTS: dict[type, dict[str, Any]] = {}
-# A frozen model's set of given fields, one per (class, given names in order) and shared by its
-# instances: a set of a dozen names is ~0.7-2 KiB, kept by every live effect, turn and pending
-# visit. Nothing adds to it: a frozen instance refuses assignment, and ``model_copy`` copies the
-# set before adding an update's names. Bounded (a new spelling past the bound gets its own set).
-_FIELDS_SETS: dict[tuple[Any, ...], set[str]] = {}
-_FIELDS_SETS_KEPT = 1024
-_FROZEN: dict[type, bool] = {}
+# A frozen model's sets of given fields, one per set of given names and shared by its instances:
+# a set of a dozen names is ~0.7-2 KiB, kept by every live effect, turn and pending visit. Nothing
+# adds to it: a frozen instance refuses assignment, and ``model_copy`` copies the set before adding
+# an update's names. A few per class (a new one past the bound gets a set of its own); None: the
+# class is not frozen, each instance gets its own set.
+_FIELDS_SETS: dict[type, list[set[str]] | None] = {}
+_FIELDS_SETS_KEPT = 16
 
 
 def built(cls: type[_M], **values: Any) -> _M:
@@ -41,20 +41,24 @@ def built(cls: type[_M], **values: Any) -> _M:
     ``default_factory`` field (a factory's value would be shared) and no private attributes."""
     defaults = _DEFAULTS.get(cls)
     if defaults is None:
-        _FROZEN[cls] = bool(cls.model_config.get("frozen"))  # before the defaults: another thread may find them
+        # before the defaults: another thread that finds them finds this too
+        _FIELDS_SETS[cls] = [] if cls.model_config.get("frozen") else None
         defaults = _DEFAULTS[cls] = _defaults_of(cls)
     obj = _NEW(cls)
     _SET_DICT(obj, {**defaults, **values})
-    if _FROZEN[cls]:
-        key = (cls, *values)
-        given = _FIELDS_SETS.get(key)
-        if given is None:
-            given = set(values)
-            if len(_FIELDS_SETS) < _FIELDS_SETS_KEPT:
-                _FIELDS_SETS[key] = given
-        _SET_FIELDS_SET(obj, given)
-    else:
+    shared = _FIELDS_SETS[cls]
+    if shared is None:
         _SET_FIELDS_SET(obj, set(values))
+    else:
+        keys = values.keys()
+        for given in shared:
+            if keys == given:
+                break
+        else:
+            given = set(values)
+            if len(shared) < _FIELDS_SETS_KEPT:
+                shared.append(given)
+        _SET_FIELDS_SET(obj, given)
     _SET_EXTRA(obj, None)
     _SET_PRIVATE(obj, None)
     return obj
