@@ -458,22 +458,24 @@ class CastArtifacts:
         self._manifest_head: str = ""  # _manifest_fields(self._manifest_meta), rendered once per meta
         self._manifest_head_bytes = b""  # the same, UTF-8
         # b",\n    ".join of that manifest's entry lines, UTF-8: an append encodes and joins its new lines
-        # only (the text alone is kept, not the lines too: a live cast's memory)
-        self._manifest_body = b""
+        # only (the text alone is kept, not the lines too: a live cast's memory). None: forgotten
+        # while the cast waits (forget_kept), taken back from the file this object wrote
+        self._manifest_body: bytes | None = b""
 
     @functools.cached_property
     def run_dir(self) -> Path:
         return Path(self._run_prefix)
 
     def forget_kept(self) -> None:
-        """Drop what this object keeps between writes -- the manifest's fields and text, the
+        """Drop what this object keeps between writes -- the manifest's entries' text, the
         directories and paths it has checked -- while its cast waits for a turn (a live cast's
-        memory, ~10 KiB at ten sockets, growing with its entries). The next write reads the
-        manifest back and checks its paths again, as after another writer's change: the same bytes."""
+        memory, ~10 KiB at ten sockets, growing with its entries). The next append takes the text
+        back from the file, sliced out of the bytes this object wrote (one read, no parse) while
+        the file is the one it wrote (its signature), else reads it as after another writer's
+        change; paths are checked again: the same bytes either way."""
         with self._lock:
             self._made, self._fitted = set(), {}
-            self._manifest_meta, self._manifest_sig, self._manifest_count = None, None, 0
-            self._manifest_head, self._manifest_head_bytes, self._manifest_body = "", b"", b""
+            self._manifest_body = None
 
     @functools.cached_property
     def artifact_root(self) -> Path:
@@ -760,8 +762,9 @@ class CastArtifacts:
             added = [_manifest_line(r) for r in stored]
             if lines is None:  # the manifest written last: its entries' joined text is kept
                 joined = _ENTRY_SEP.join(added).encode("utf-8")
-                count = self._manifest_count
-                body = self._manifest_body + _ENTRY_SEP_BYTES + joined if count else joined
+                count, kept = self._manifest_count, self._manifest_body
+                assert kept is not None  # _manifest_now took it back
+                body = kept + _ENTRY_SEP_BYTES + joined if count else joined
             else:
                 count, body = len(lines), _ENTRY_SEP.join(lines + added).encode("utf-8")
             self._write_manifest(meta, body, count + len(added), target)
@@ -771,8 +774,30 @@ class CastArtifacts:
         """The manifest's fields and its entry lines, read from ``target``; lines None: the manifest
         is the one this object wrote last (its entries' text is ``_manifest_body``)."""
         if self._manifest_meta is not None and file_signature(target) == self._manifest_sig:
-            return self._manifest_meta, None
+            if self._manifest_body is not None or self._body_from_file(target):
+                return self._manifest_meta, None
         return self._split_manifest(self.read_manifest(), target)
+
+    def _body_from_file(self, target: str) -> bool:
+        """Take the forgotten entries' text back from ``target``, the manifest this object wrote
+        (its bytes are the kept head, the entries' opening, their text and the closing); False if
+        the file is not that layout after all (then it is read and split as any other)."""
+        try:
+            data = read_regular_file(target, MAX_RUN_FILE_BYTES)
+        except (OSError, ValueError):
+            return False
+        head = self._manifest_head_bytes
+        if not self._manifest_count:
+            if data != head + _NO_ENTRIES:
+                return False
+            self._manifest_body = b""
+            return True
+        start = len(head) + len(_ENTRIES_OPEN)
+        if not (data.startswith(head) and data.startswith(_ENTRIES_OPEN, len(head)) and data.endswith(_ENTRIES_CLOSE)
+                and len(data) >= start + len(_ENTRIES_CLOSE)):
+            return False
+        self._manifest_body = data[start:len(data) - len(_ENTRIES_CLOSE)]
+        return True
 
     def _split_manifest(self, manifest: Any, target: str) -> tuple[dict[str, Any], list[str]]:
         """A manifest document as its top-level fields and its entry lines; ArtifactCorrupt if it is

@@ -45,6 +45,7 @@ def _manifest_steps(arts, *, forget: bool) -> bytes:
     for n in range(1, 4):
         if forget:
             arts.forget_kept()
+            assert arts._manifest_body is None
         entries = [{"kind": "socket_output", "socket": f"Socket-{n}", "artifact": f"sockets/Socket-{n}/1.md",
                     "size": 1.5, "note": "ü\u2028", "list": [1, None, True]},
                    {"kind": "context", "artifact": f"contexts/Socket-{n + 1}.md"}]
@@ -59,8 +60,24 @@ def test_a_cast_s_files_object_that_forgot_what_it_kept_writes_the_same_manifest
 
     monkeypatch.setattr("time.time", lambda: 1_700_000_000.0)  # the entries' timestamps alike
     kept = _manifest_steps(CastArtifacts(tmp_path / "a", "20260101-000000"), forget=False)
-    forgot = _manifest_steps(CastArtifacts(tmp_path / "b", "20260101-000000"), forget=True)
+    forgetting = CastArtifacts(tmp_path / "b", "20260101-000000")
+
+    def parsed():
+        raise AssertionError("the manifest this object wrote was parsed back, not sliced")
+
+    forgetting.read_manifest = parsed  # type: ignore[method-assign]
+    forgot = _manifest_steps(forgetting, forget=True)
     assert forgot == kept and b"Socket-3" in kept
+    # a manifest changed by another writer meanwhile is read back as such, and appended to
+    changed = CastArtifacts(tmp_path / "c", "20260101-000000")
+    _manifest_steps(changed, forget=False)
+    changed.forget_kept()
+    path = changed.run_dir / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["entries"].append({"kind": "by hand"})
+    path.write_text(json.dumps(doc))
+    changed.add_manifest_entry({"kind": "after"})
+    assert [e.get("kind") for e in json.loads(path.read_text())["entries"]][-2:] == ["by hand", "after"]
 
 
 def test_a_cast_waiting_for_its_agent_keeps_no_manifest_text(tmp_path):
@@ -74,8 +91,8 @@ def test_a_cast_waiting_for_its_agent_keeps_no_manifest_text(tmp_path):
         handle = rt.system.registry.find(rt.session("s1").child("cast", cast_id))
         wait_for(lambda: handle.actor is not None and handle.actor._sockets, what="the turn with its SocketActor")
         arts = handle.actor.artifacts
-        wait_for(lambda: arts._manifest_meta is None, what="the manifest forgotten")
-        assert arts._manifest_body == b"" and not arts._made and not arts._fitted
+        wait_for(lambda: arts._manifest_body is None, what="the manifest's text forgotten")
+        assert not arts._made and not arts._fitted
         view = wait_status(rt, "s1", cast_id)
         assert view["status"] == "complete"
         manifest = json.loads((Path(view["run_dir"]) / "manifest.json").read_text())
