@@ -41,7 +41,7 @@ from castor.supervision.mailbox import (
     Reply,
     find_type_name,
 )
-from castor.supervision.meters import BUCKETS
+from castor.supervision.meters import BUCKETS, FIRST_BOUND
 
 if TYPE_CHECKING:
     from castor.supervision.registry import Registry
@@ -296,7 +296,8 @@ class ActorHandle:
                     # as Meters.observe records it, without its frame (see Meters.histogram_cell).
                     seconds = (finished or started) - started
                     lock, row = self._inline_ask_latency
-                    index = bisect_left(BUCKETS, seconds)
+                    # An inline ask's commonest bucket is the first: one float comparison, no bisect.
+                    index = 0 if seconds <= FIRST_BOUND else bisect_left(BUCKETS, seconds)
                     with lock:
                         row[index] += 1
                         row[-1] += seconds

@@ -17,6 +17,9 @@ from typing import Callable
 #: Upper bounds (seconds) of the latency histograms' buckets; +Inf is implied.
 BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                               10.0, 30.0, 60.0, 300.0)
+#: ``BUCKETS[0]``: a duration at most this is in the first bucket, found with one comparison
+#: instead of a bisect (``bisect_left(BUCKETS, s)`` is 0 exactly then) -- most asks' bucket.
+FIRST_BOUND: float = BUCKETS[0]
 
 
 class _Tally:
@@ -65,7 +68,7 @@ class Meters:
             return tally.ticker.__next__
 
     def observe(self, name: str, kind: str, seconds: float) -> None:
-        index = bisect_left(BUCKETS, seconds)
+        index = 0 if seconds <= FIRST_BOUND else bisect_left(BUCKETS, seconds)
         with self._lock:
             row = self._row_locked(name, kind)
             row[index] += 1
@@ -81,7 +84,7 @@ class Meters:
             row = self._row_locked(name, kind)
 
         def observe(seconds: float) -> None:
-            index = bisect_left(BUCKETS, seconds)
+            index = 0 if seconds <= FIRST_BOUND else bisect_left(BUCKETS, seconds)
             with lock:
                 row[index] += 1
                 row[-1] += seconds
@@ -91,9 +94,10 @@ class Meters:
     def histogram_cell(self, name: str, kind: str) -> tuple[threading.Lock, list[float]]:
         """The lock and the row of the histogram ``name`` of ``kind`` (made empty on first use), for
         a hot path that records without any call of its own (an inline ask, see ActorHandle.ask):
-        with ``index = bisect_left(BUCKETS, seconds)``, hold the lock while adding one to
-        ``row[index]`` and ``seconds`` to ``row[-1]`` (the sum) -- exactly what :meth:`observe`
-        does, in the same critical section, without the observer's Python frame."""
+        with ``index = bisect_left(BUCKETS, seconds)`` (0 when ``seconds <= FIRST_BOUND``), hold
+        the lock while adding one to ``row[index]`` and ``seconds`` to ``row[-1]`` (the sum) --
+        exactly what :meth:`observe` does, in the same critical section, without the observer's
+        Python frame."""
         with self._lock:
             return self._lock, self._row_locked(name, kind)
 

@@ -79,3 +79,23 @@ def test_a_bound_histogram_and_observe_fill_the_same_buckets_from_many_threads()
     assert meters.histogram("ask_seconds", "K") is not observe  # a new observer, the same row
     meters.histogram("ask_seconds", "K")(0.0001)
     assert meters.collect()[1][("ask_seconds", "K")][0] == 2 * per_thread + 1
+
+
+@pytest.mark.timeout(10)
+def test_observe_puts_each_duration_in_the_bucket_a_bisect_finds_at_every_bound():
+    """The first bucket is found with one comparison: exactly the durations bisect puts there."""
+    from bisect import bisect_left
+
+    from castor.supervision.meters import BUCKETS
+
+    meters = Meters()
+    observe = meters.histogram("ask_seconds", "B")
+    values = [0.0, -1e-9, *BUCKETS, *(b * (1 + 1e-9) for b in BUCKETS), *(b * (1 - 1e-9) for b in BUCKETS), 1e9]
+    expected = [0.0] * (len(BUCKETS) + 2)
+    for value in values:
+        meters.observe("ask_seconds", "A", value)
+        observe(value)
+        expected[bisect_left(BUCKETS, value)] += 1
+    _, histograms = meters.collect()
+    assert histograms[("ask_seconds", "A")][:-1] == expected[:-1]
+    assert histograms[("ask_seconds", "B")][:-1] == expected[:-1]
