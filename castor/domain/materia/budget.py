@@ -252,19 +252,14 @@ class UsageReport(BaseModel):
             if value is not getattr(self, name) and value != getattr(self, name):
                 update[name] = value
 
-        appended: list[tuple[str, str, TurnUsage, bool]] = []  # (table, key, value, the table was empty)
-
         def bump(name: str, key: str) -> None:
-            old = getattr(self, name)
-            cur = old.get(key)
+            cur = getattr(self, name).get(key)
             if nothing and cur is not None:
                 return  # adds 0 to an entry there already: the table stands (never changed in place)
-            table = dict(old)
+            table = dict(getattr(self, name))
             table[key] = usage if cur is None else TurnUsage(tokens=cur.tokens.plus(usage.tokens),
                                                              cost=cur.cost.plus(usage.cost))
             update[name] = table
-            if cur is None:  # a new key: the last entry of the new table (a dict keeps insertion order)
-                appended.append((name, key, table[key], not old))
 
         bump("bySocket", record.socket)
         if record.materia:
@@ -277,20 +272,16 @@ class UsageReport(BaseModel):
                 update[name] = getattr(record, name)
         if record.thinking is not None:
             update["thinkingLevel"] = record.thinking
-        return self._updated(update, appended)
+        return self._updated(update)
 
-    def _updated(self, update: dict[str, Any],
-                 appended: list[tuple[str, str, TurnUsage, bool]] | tuple[()] = ()) -> UsageReport:
+    def _updated(self, update: dict[str, Any]) -> UsageReport:
         """``self.model_copy(update=update)`` (a shallow copy, ``update`` unvalidated, its fields
         marked set) without pydantic's generic copy steps: a report has no extra fields and no
         private attributes, and a cast makes two new reports a transition.
 
         ``update``'s ``turns`` and ``modelSelections``, when given, extend this report's (their first
         items are this report's): the new report starts from the text of the items already rendered
-        here (see :func:`usage_state_json`), so it renders only its new items. ``appended``: the tables
-        (:data:`_TABLES`) the update gave one new key, as their last entry (``add_turn``); such a
-        table's texts (compact and indented: each report keeps those it rendered, and no other form)
-        are this report's with the new entry's text added, not joined again from every entry."""
+        here (see :func:`usage_state_json`), so it renders only its new items."""
         out = _NEW(type(self))
         _SET_ATTR(out, "__dict__", {**self.__dict__, **update})
         _SET_ATTR(out, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
@@ -307,11 +298,6 @@ class UsageReport(BaseModel):
             changed = update.keys() & _BEFORE_LISTS
             carried = {key: text for key, text in leading.items() if key[1] not in changed
                        and (key[1] != _SCALARS_PART or changed.isdisjoint(_SCALARS))}
-            for name, key, value, was_empty in appended:
-                for form in _FORMS:
-                    text = leading.get((form, name))
-                    if text is not None:
-                        carried[form, name] = _table_with_entry(text, form, key, value, was_empty)
             if carried:
                 remember(out, _BEFORE_TEXTS, carried)
         return out
@@ -355,8 +341,6 @@ _TURN_USAGE_SERIALIZER = TurnUsage.__pydantic_serializer__
 _KEY_SERIALIZER = TypeAdapter(str).serializer
 _AFTER_LISTS = set(_USAGE_FIELDS[_LAST + 1:])
 _COMPACT, _INDENTED, _ESCAPED = "compact", "indented", "escaped"
-#: The forms a report's table texts are kept in (an escape is made only when asked, never kept).
-_FORMS = (_COMPACT, _INDENTED)
 #: The memo name of a report's rendered lists: ``{(list, form): (how many items, their joined text)}``.
 _LIST_TEXTS = "usage_list_texts"
 #: The memo name of a report's rendered fields before its lists: ``{(form, part): its members' text}``,
@@ -451,20 +435,6 @@ def _before_lists(report: UsageReport, form: str) -> Any:
         parts.append(text)
     separator: Any = b"," if form == _COMPACT else ",\n"
     return separator.join(parts)
-
-
-def _table_with_entry(text: Any, form: str, key: str, value: TurnUsage, was_empty: bool) -> Any:
-    """A table's text in ``form`` (:func:`_table_text`'s) with the entry ``key: value`` added as its
-    last: what :func:`_table_text` renders for the table with it. ``text`` is the table's text
-    without it (``was_empty``: of a table with no entry, ``..{}``; else its last entry is followed
-    by ``}`` compact, by a new line and ``  }`` indented)."""
-    if form == _COMPACT:
-        entry = b"".join((_key_text(key), b":", derived(value, _COMPACT, functools.partial(
-            _TURN_USAGE_SERIALIZER.to_json, value))))
-        return b"".join((text[:-1], entry if was_empty else b"," + entry, b"}"))
-    head = text[:-1] if was_empty else text[:-4]  # up to its "{", or to its last entry (before "\n  }")
-    return "".join((head, "\n    " if was_empty else ",\n    ", _key_text(key).decode(), ": ",
-                    derived(value, _INDENTED, functools.partial(_indented_usage, value)), "\n  }"))
 
 
 def _table_text(name: str, table: dict[str, TurnUsage], form: str) -> Any:

@@ -244,31 +244,3 @@ def test_usage_json_text_is_made_without_its_escape_which_is_made_only_when_aske
     assert escaped == []
     assert usage_file_text_json(texts[-1]) == TypeAdapter(str).dump_json(texts[-1])  # asked: pydantic's bytes
     assert escaped and max(escaped) < len(texts[-1])  # joined from its pieces' escapes
-
-
-@pytest.mark.timeout(60)
-def test_a_table_grown_by_a_new_key_is_its_parents_text_with_the_entry_added(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A turn at a socket (materia, task) the report has no entry for adds that entry as its table's
-    last: the new report's table texts -- compact and indented -- are its parent's with the entry's
-    text added, not joined again from every entry; an entry changed in place (a turn at a known key
-    that counted something) is joined afresh. Every text pydantic's, the first table entry's too."""
-    rendered: list[str] = []
-    table_text = budget._table_text
-    monkeypatch.setattr(budget, "_table_text",
-                        lambda name, table, form: rendered.append(f"{name}/{form}") or table_text(name, table, form))
-
-    def nothing(socket: str, task: str | None = None) -> TurnRecord:  # a turn that counted nothing
-        return TurnRecord(socket=socket, attempt=1, tokens=budget.NO_AMOUNTS, cost=budget.NO_AMOUNTS,
-                          materia=ODD, taskId=task)
-
-    report = UsageReport().add_turn(nothing(f"first {ODD}"))
-    assert_same_texts(report)
-    for n in range(4):  # new sockets (and tasks, the first at n == 1): every table grows by its last entry
-        rendered.clear()
-        report = report.add_turn(nothing(f"s{n} {ODD}", task=f"t{n} {ODD}" if n % 2 else None))
-        assert_same_texts(report)
-        assert rendered == []
-    rendered.clear()
-    report = report.add_turn(record(9, every_field=True).model_copy(update={"socket": "s1 " + ODD}))
-    assert_same_texts(report)  # a known socket's entry changed: that table is joined again
-    assert "bySocket/indented" in rendered and "bySocket/compact" in rendered
