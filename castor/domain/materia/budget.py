@@ -370,36 +370,32 @@ def usage_file_text(report: UsageReport) -> str:
     """``usage.json``'s text: exactly ``report.model_dump_json(indent=2, exclude_none=True)`` (a
     field with no value left out, as pi-materia's JSON leaves out what is undefined), joined at each
     call from each item's text rendered once (see :func:`usage_state_json`); the engine asks once a
-    transition. Its JSON string, which a cast's outbox needs only when the file is not staged (a
-    new cast's first transition), is joined on demand from the same pieces' escapes: the pieces'
-    texts (not the report, nor its records) are kept in one slot for the process until then (see
-    :func:`usage_file_text_json`)."""
+    transition. Its JSON string, for the outbox, is joined from the same pieces' escapes and kept
+    with it (one slot for the process: see :func:`usage_file_text_json`)."""
     global _LAST_FILE_TEXT
-    pieces = _file_pieces(report)
-    text = _file_text(pieces)
-    _LAST_FILE_TEXT = (text, pieces)
+    text, escaped = _file_texts(report)
+    _LAST_FILE_TEXT = (text, escaped)
     return text
 
 
-#: The latest ``usage.json`` text made and the texts it was joined from (see usage_file_text_json):
-#: text only -- no report is kept here, nor its records (a report the engine left behind within its
-#: transition, a cast's records once it ended, are not kept alive by this slot).
-_LAST_FILE_TEXT: tuple[str, _FilePieces] | None = None
+#: The latest ``usage.json`` text made and its escape (see usage_file_text_json); no report is
+#: kept here (nor its records: a report the engine left behind within its transition is not kept).
+_LAST_FILE_TEXT: tuple[str, bytes] | None = None
 
 
 def usage_file_text_json(text: str) -> bytes | None:
     """``text`` as a JSON string (its quotes included), exactly as pydantic writes it in an effect's
     JSON, when ``text`` is the latest :func:`usage_file_text` made (the same object), else None: a
-    cast's outbox that carries the ``usage.json`` text written at that transition (one not staged:
-    a new cast's first) takes its escaped form joined from each piece's escaped text instead of
-    escaping the whole text in one piece. JSON's escaping is character by character, so the pieces'
-    escapes joined are the whole's."""
+    cast's outbox carries the ``usage.json`` text written at that transition, and its escaped form
+    is joined from each piece's escaped text (each derived once, as the indented text's: per item
+    object, per report's part) instead of escaping the whole text at every transition. JSON's
+    escaping is character by character, so the pieces' escapes joined are the whole's escape."""
     global _LAST_FILE_TEXT
     last = _LAST_FILE_TEXT
     if last is None or last[0] is not text:
         return None
     _LAST_FILE_TEXT = None  # used once: the slot holds no text past its transition
-    return b"".join((b'"', _file_escape(last[1]), b'"'))
+    return b"".join((b'"', last[1], b'"'))
 
 
 @functools.lru_cache(maxsize=64)
@@ -474,54 +470,54 @@ def _compact(report: UsageReport) -> bytes:
     return b",".join([member for member in members if member]).join((b"{", b"}"))
 
 
-#: usage.json's pieces: the fields before the lists (their lines), each list's items (the turns' texts
-#: one by one, a list of selections' joined text), the fields after the lists (their lines, or "").
-_FilePieces = tuple[str, list[tuple[str, "list[str] | str"]], str]
-
-
-def _file_pieces(report: UsageReport) -> _FilePieces:
-    lists: list[tuple[str, list[str] | str]] = [
-        (name, [_turn_text(item) for item in report.turns] if name == "turns" else _items_text(report, name, _INDENTED))
-        for name in _ITEM_LISTS]
-    after = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True,
-                                      include=_AFTER_LISTS).decode()[2:-2] if _AFTER_LISTS else ""
-    return _before_lists(report, _INDENTED), lists, after
-
-
-def _file_text(pieces: _FilePieces) -> str:
+def _file_texts(report: UsageReport) -> tuple[str, bytes]:
     # pydantic's indented JSON: each member on its own line, indented by its depth; a nested
     # value's lines are its own indented text's lines indented by the depth it sits at, and an
     # empty list is "[]". A JSON string never holds a raw newline, so every newline is a line's.
-    before, lists, after = pieces
+    # With it, its JSON escape (bytes): the same pieces, each one's escape (derived with it).
+    before = _before_lists(report, _INDENTED)  # its escape in one pass: the tables change with most turns
     texts: list[str] = [before]
-    for name, items in lists:
-        joined = _ITEM_SEPARATOR.join(items) if isinstance(items, list) else items
-        texts.append(f'  "{name}": [\n    {joined}\n  ]' if joined else f'  "{name}": []')
-    texts.append(after)  # "{\n" members "\n}", or "{}"
-    return "{\n" + ",\n".join([member for member in texts if member]) + "\n}"
-
-
-def _file_escape(pieces: _FilePieces) -> bytes:
-    """:func:`_file_text`'s JSON escape (bytes), joined from its pieces' escapes."""
-    before, lists, after = pieces
     escapes: list[bytes] = [_escape(before)]
-    for name, items in lists:
+    for name in _ITEM_LISTS:
+        if name == "turns":
+            items, escaped = _turn_texts(report)
+        else:
+            items, escaped = _items_text(report, name, _INDENTED), _items_text(report, name, _ESCAPED)
         if items:
-            escaped = _glue(_ITEM_SEPARATOR, _ESCAPED).join([_escape(item) for item in items]) \
-                if isinstance(items, list) else _escape(items)
+            texts.append(f'  "{name}": [\n    {items}\n  ]')
             escapes.append(escaped.join((_glue(f'  "{name}": [\n    ', _ESCAPED), _glue("\n  ]", _ESCAPED))))
         else:
+            texts.append(f'  "{name}": []')
             escapes.append(_glue(f'  "{name}": []', _ESCAPED))
-    if after:
-        escapes.append(_glue(after, _ESCAPED))
-    escaped_text: bytes = _glue(",\n", _ESCAPED).join([member for member in escapes if member])
-    return escaped_text.join((_glue("{\n", _ESCAPED), _glue("\n}", _ESCAPED)))
+    if _AFTER_LISTS:  # "{\n" members "\n}", or "{}"
+        whole = _USAGE_SERIALIZER.to_json(report, indent=2, exclude_none=True, include=_AFTER_LISTS).decode()[2:-2]
+        texts.append(whole)
+        escapes.append(_glue(whole, _ESCAPED))
+    text = "{\n" + ",\n".join([member for member in texts if member]) + "\n}"
+    escaped_text = _glue(",\n", _ESCAPED).join([member for member in escapes if member])
+    return text, escaped_text.join((_glue("{\n", _ESCAPED), _glue("\n}", _ESCAPED)))
 
 
-def _turn_text(item: Any) -> str:
-    """A turn record's indented text, derived once per record."""
-    text = known(item, _INDENTED)
-    return text if text is not None else derived(item, _INDENTED, functools.partial(_indented_item, "turns", item))
+#: The memo name of a turn record's ``usage.json`` texts: (indented, its JSON escape).
+_FILE_FORMS = "usage_file_forms"
+
+
+def _with_escape(text: str) -> tuple[str, bytes]:
+    return text, _escape(text)
+
+
+def _turn_texts(report: UsageReport) -> tuple[str, bytes]:
+    """The report's turns' indented text and its escape, each record's pair derived once per record."""
+    texts: list[str] = []
+    escapes: list[bytes] = []
+    for item in report.turns:
+        pair = known(item, _FILE_FORMS)
+        if pair is None:
+            indented = derived(item, _INDENTED, functools.partial(_indented_item, "turns", item))
+            pair = derived(item, _FILE_FORMS, functools.partial(_with_escape, indented))
+        texts.append(pair[0])
+        escapes.append(pair[1])
+    return _ITEM_SEPARATOR.join(texts), _glue(_ITEM_SEPARATOR, _ESCAPED).join(escapes)
 
 
 def _items_text(report: UsageReport, name: str, form: str) -> Any:
@@ -531,7 +527,9 @@ def _items_text(report: UsageReport, name: str, form: str) -> Any:
     casts, :func:`turn_record`, once for all of them); the turns' joined text is joined again at
     each call, not kept with the report: a live cast's report would hold a second copy of every
     record's text (bench/casts.py's (b)). The selections (dicts: no memo of their own) start from
-    what the memo holds for the report (its parent's items, see ``_updated``)."""
+    what the memo holds for the report (its parent's items, see ``_updated``). Escaped (the
+    indented text's JSON escape, for the outbox): a record's escape derived once per record, the
+    selections' escapes made with their indented texts."""
     items = getattr(report, name)
     render = _compact_item if form == _COMPACT else _indented_item
     separator: Any = b"," if form == _COMPACT else _glue(_ITEM_SEPARATOR, form)
@@ -542,10 +540,24 @@ def _items_text(report: UsageReport, name: str, form: str) -> Any:
             pieces.append(piece if piece is not None else derived(item, form, functools.partial(render, name, item)))
         return separator.join(pieces)
     texts: dict[tuple[str, str], tuple[int, Any]] = derived(report, _LIST_TEXTS, dict)
+    if form == _ESCAPED:  # from the indented texts' escapes, brought along as they are rendered
+        indented = _items_text(report, name, _INDENTED)
+        count, text = texts.get((name, form), (0, None))
+        if count != len(items) or text is None:  # not in step with the indented text: escaped whole
+            text = _escape(indented)
+            texts[name, form] = (len(items), text)
+        return text
     start, text = texts.get((name, form), (0, None))
     if start == len(items) and text is not None:
         return text
     pieces = [render(name, item) for item in items[start:]]
+    if form == _INDENTED:  # the new items' escapes too, when the escaped text is at the same item
+        escaped_start, escaped_text = texts.get((name, _ESCAPED), (0, None))
+        if escaped_start == start and (start == 0 or escaped_text is not None):
+            escaped = [_escape(piece) for piece in pieces]
+            if start:
+                escaped.insert(0, escaped_text)
+            texts[name, _ESCAPED] = (len(items), _glue(_ITEM_SEPARATOR, _ESCAPED).join(escaped))
     if start:  # the parent's items' text (none when it had no items)
         pieces.insert(0, text)
     joined: Any = separator.join(pieces)

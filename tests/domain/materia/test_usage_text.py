@@ -223,24 +223,3 @@ def test_usage_json_in_an_outbox_entry_is_pydantics_for_odd_keys_and_characters(
     assert usage_file_text_json(str(text + " ")[:-1]) is None
     assert usage_file_text_json(text) is not None
     assert usage_file_text_json(text) is None
-
-
-@pytest.mark.timeout(60)
-def test_usage_json_text_is_made_without_its_escape_which_is_made_only_when_asked(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # A cast's outbox names usage.json's staged file instead of holding its text, so the text's JSON
-    # escape is made only for an outbox that holds it (a new cast's first transition): not with the
-    # text at every transition.
-    escaped: list[int] = []
-    escape = budget._escape
-    monkeypatch.setattr(budget, "_escape", lambda text: escaped.append(len(text)) or escape(text))
-    report = UsageReport()
-    texts = []
-    for n in range(5):
-        report = report.add_turn(record(n, every_field=n % 2 == 0, text=ODD))
-        report = report.add_selection({"socket": f"s{n}", "model": ODD})
-        texts.append(usage_file_text(report))
-        assert texts[-1] == full_indented(report)
-    assert escaped == []
-    assert usage_file_text_json(texts[-1]) == TypeAdapter(str).dump_json(texts[-1])  # asked: pydantic's bytes
-    assert escaped and max(escaped) < len(texts[-1])  # joined from its pieces' escapes
