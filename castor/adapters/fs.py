@@ -502,7 +502,7 @@ def write_new_durably(path: str, data: bytes) -> None:
     try:
         try:
             _write_all(fd, data)
-            os.fsync(fd)  # the bytes on the disk before anything names them
+            os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException as exc:
