@@ -83,8 +83,6 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
-    "temp_tag",
-    "write_new_durably",
     "compact_json",
     "ConfinedRoot",
     "DIR_MODE",
@@ -486,30 +484,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
         raise
     if sync_dir:
         fsync_dir(directory)
-
-
-def temp_tag() -> str:
-    """A tag no other call of this (or any) process gets: the pid, a random tag per process and a
-    counter (what :func:`atomic_write_bytes` names its temporary files with)."""
-    return f"{_TEMP_PREFIX[0]}{next(_TEMP_SEQ)}"
-
-
-def write_new_durably(path: str, data: bytes) -> None:
-    """Create ``path`` (it must not exist: ``O_EXCL``, a link in its place is refused too) with
-    ``data``, and fsync it: its bytes are on the disk when this returns; its name is made durable by
-    its directory's next fsync. On any error nothing is left at ``path``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        _name_target(exc, path)
-        raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8",

@@ -18,7 +18,7 @@ runtime (a held lease is an answer, not a wait).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -156,30 +156,13 @@ class CastFiles(Protocol):
 
     def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path: ...
 
-    def write_transition(self, files: dict[str, Any], entries: list[dict[str, Any]],
+    def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
                          events: list[tuple[str, dict[str, Any], int]], *,
                          data_json: Sequence[str | None] | None = None) -> None: ...
-
-    def stage(self, content: str | bytes) -> StagedFile: ...
-
-    def discard_staged(self, names: Iterable[str] | None = None) -> None: ...
-
-    def replay_staged(self, relative: str, name: str, size: object) -> bool: ...
 
     def forget_kept(self) -> None:
         """Drop what is kept between writes (the manifest's text, the paths checked): the cast waits."""
         ...
-
-
-class StagedFile(Protocol):
-    """A whole file's bytes written durably in the run directory before the save that names them
-    (``write_transition`` takes it as a file's content: the file is renamed into place)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def size(self) -> int: ...
 
 
 #: A state document serialised as JSON: text, bytes, or bytes in pieces whose concatenation is the

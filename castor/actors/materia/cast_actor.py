@@ -14,21 +14,16 @@ supervisor. Every incarnation:
 Per transition (the one rule that makes casts survive crashes)::
 
     transition = step(state, event)
-    stage(whole files)         # each written to a .staged.* file of the run dir and fsynced
     store.save(state + outbox) # BEFORE any effect: state.json is atomic and fenced; the
-                               # outbox holds this transition's file effects (a whole file's
-                               # as the staged file's name and size)
-    perform(file effects)      # batched: whole files (the staged ones renamed into place), then
-                               # ONE manifest rewrite, then ONE fsynced append of the events,
-                               # each group in effect order
+                               # outbox holds this transition's file effects
+    perform(file effects)      # batched: whole files, then ONE manifest rewrite, then ONE
+                               # fsynced append of the events, each group in effect order
     perform(other effects, in order)  # turns, utilities, notifications, finish
 
 After ``kill -9`` between the save and the last effect, the next incarnation (or process)
-replays the outbox: file writes are redone (a staged file still there renamed, one gone was
-renamed already; staged files no saved state names are then removed), events and manifest
-entries already on disk are not appended twice, and lost outside work is re-dispatched under a
-new visit id — after any utility command the dead runtime left running has been killed (its
-record in the run dir). A
+replays the outbox: file writes are redone, events and manifest entries already on disk are
+not appended twice, and lost outside work is re-dispatched under a new visit id — after any
+utility command the dead runtime left running has been killed (its record in the run dir). A
 command that had *ended* is not run again: its slot wrote the outcome into its record before
 telling the cast, and the re-dispatch applies that outcome instead (the record is removed once the
 outcome is saved; see ``_redo``).
@@ -178,7 +173,6 @@ from castor.ports.cast_storage import (
     CastHold,
     CastStorage,
     CastStore,
-    StagedFile,
     StateCorrupt,
     StateTooLarge,
 )
@@ -211,16 +205,6 @@ _FROM_CONFIG_CLOSE = f',"{FROM_CONFIG_KEY}":true}}'.encode()
 USAGE_FILE = ("usage.json",)
 _USAGE_WRITE_OPEN = b'{"kind":"write_artifact","path":["usage.json"],"content":'
 _USAGE_WRITE_CLOSE = b',"manifest":null}'
-# A transition's whole files are staged before its save (see _stage): the outbox entry of a staged
-# write names the staged file and its size instead of holding the text (WriteArtifact's fields but
-# its content, in order, then these two).
-STAGED_KEY, STAGED_SIZE_KEY = "staged", "size"
-_STAGED_USAGE_OPEN = b'{"kind":"write_artifact","path":["usage.json"],"manifest":null,"staged":"'
-_STAGED_OPEN = f',"{STAGED_KEY}":"'.encode()
-_STAGED_SIZE = f'","{STAGED_SIZE_KEY}":'.encode()
-# Whole files never staged: the manifest (written in castor's own layout, kept in memory) and
-# config.resolved.json (a start's: saved without its text, derived from the saved config).
-_NOT_STAGED = frozenset({CONFIG_FILE, ("manifest.json",)})
 SESSION_ENTRY_TYPE = "pi-materia-cast-state"
 #: The harness footer entry of a session's casts: pi-materia's one ``materia`` entry while a session
 #: runs one cast at a time (the default), one ``materia-<id>`` entry per cast where it may run several
@@ -340,8 +324,6 @@ class CastActor(Actor):
         self._saved_start: tuple[Transition, list[Any]] | None = None
         # The data texts of the last encoded transition's events, by the event's id (see _outbox_json).
         self._event_data_json: dict[int, tuple[EmitEvent, str]] = {}
-        # The staged files of the last saved transition's whole-file writes, by the effect's id (see _stage).
-        self._staged: dict[int, tuple[WriteArtifact, StagedFile]] = {}
         #: False until a new cast's subdirectories are made (with its first files: see _perform_files)
         self._dirs_made = True
         #: the recorded outcome of the command the loaded state waits for (see _redo); None: none
@@ -447,7 +429,6 @@ class CastActor(Actor):
         env.storage.kill_recorded(self.artifacts.run_dir, env.cast_id,
                                   keep=self._finished_command.visit_id if self._finished_command else None)
         self._replay_outbox(stored.state.get(OUTBOX_KEY) or [])
-        self.artifacts.discard_staged()  # what a crash between staging and the save left: named by no saved state
         moved = moved_to(self.state, str(self.artifacts.run_dir), str(env.artifact_root), env.clock())
         if moved is not None:
             self.log.info("cast {cast} was moved or copied from {old} to {new}: it runs there now",
@@ -749,24 +730,14 @@ class CastActor(Actor):
         if self._fenced or self._storage_failed:
             return
         files = [e for e in transition.effects if type(e) in FILE_EFFECTS]
-        # Its whole files staged first (a new cast's first transition's are not: they are written
-        # after the starter's answer, off its way), so the outbox names them instead of their text.
-        staged: dict[int, tuple[WriteArtifact, StagedFile]] = {}
-        if not answer_first:
-            try:
-                staged = self._stage(files)
-            except (OSError, StateCorrupt, Forbidden) as exc:  # nothing saved: as a failed save
-                raise self._stopped_by(exc, where="save") from None
         try:
-            document = self._encode(transition.state, files, staged)
+            document = self._encode(transition.state, files)
         except ValueError as exc:  # a state castor cannot serialise: its own bug, but never a crash loop
-            self._discard_staged(staged, saved=False)
             raise self._stopped_on(Internal(f"the state of cast {self.env.cast_id} cannot be saved: {exc}"),
                                    where="save") from None
         try:
             self.store.save_encoded(self.env.cast_id, document, incarnation=self.fence, index=transition.state)
         except Conflict as exc:
-            self._discard_staged(staged, saved=False)
             if (exc.data or {}).get("reason") != "stale_incarnation":
                 raise
             self.log.warning("fenced off by a newer incarnation; stopping without side effects")
@@ -774,9 +745,7 @@ class CastActor(Actor):
             self._stop()
             return
         except (OSError, StateCorrupt, Forbidden) as exc:  # the disk, or its state file damaged under it
-            self._discard_staged(staged, saved=None)
             raise self._stopped_by(exc, where="save") from None
-        self._staged = staged
         had_user_turn = self._user_turn is not None
         self.state = transition.state
         if had_user_turn:  # only a pending user turn can be withdrawn (and have a bound armed)
@@ -928,8 +897,7 @@ class CastActor(Actor):
         if self._user_turn is None:
             self._disarm_user_turn_bound()
 
-    def _encode(self, state: CastState, files: list[Any],
-                staged: dict[int, tuple[WriteArtifact, StagedFile]] | None = None) -> list[bytes | memoryview]:
+    def _encode(self, state: CastState, files: list[Any]) -> list[bytes | memoryview]:
         """The state document (state + outbox) as UTF-8 JSON in pieces (their concatenation is the
         document), reusing the resolved config's JSON.
 
@@ -941,7 +909,6 @@ class CastActor(Actor):
         A start's ``config.resolved.json`` goes into the outbox without its text (the config's
         JSON is in the document already; the replay derives the text from it): the first state
         document is about half as large, and its ~30 KB of indented text is not escaped again.
-        A write in ``staged`` (see :meth:`_stage`) goes in as the staged file's name and size.
         """
         config = state.config
         config_json = derived(config, "state_json_bytes", lambda: json.dumps(
@@ -953,48 +920,11 @@ class CastActor(Actor):
         # An event's data is encoded once, for its outbox entry and its line (see _perform_files).
         event_json: dict[int, tuple[EmitEvent, str]] = {}
         self._event_data_json = event_json
-        outbox = b",".join([_outbox_json(effect, config, event_json, staged) for effect in files])
+        outbox = b",".join([_outbox_json(effect, config, event_json) for effect in files])
         # The pieces, not their concatenation: the store joins them once with its header (a state
         # document is tens of KB, and every copy of it is a pass through the CPU's caches).
         return [body[:at], _USAGE_OPEN, usage_state_json(state.usage), body[at:-1], _OUTBOX_OPEN, outbox,
                 b'],"config":', config_json, b"}"]
-
-    def _stage(self, files: list[Any]) -> dict[int, tuple[WriteArtifact, StagedFile]]:
-        """Write each whole file of a transition to a staged file of the run directory, fsynced,
-        before its state is saved: the saved outbox then names the staged file (and its size)
-        instead of holding its text, and performing the write is renaming it into place. A path
-        written more than once in the transition is staged once, with its last content (what
-        :meth:`_perform_files` writes); each of its writes names that file. On an error nothing
-        staged is left."""
-        staged: dict[int, tuple[WriteArtifact, StagedFile]] = {}
-        by_path: dict[tuple[str, ...], StagedFile] = {}
-        try:
-            for effect in reversed(files):
-                if type(effect) is WriteArtifact and effect.path not in _NOT_STAGED:
-                    file = by_path.get(effect.path)
-                    if file is None:
-                        file = by_path[effect.path] = self.artifacts.stage(effect.content)
-                    staged[id(effect)] = (effect, file)
-        except BaseException:
-            self._discard_staged(staged, saved=False)
-            raise
-        return staged
-
-    def _discard_staged(self, staged: dict[int, tuple[WriteArtifact, StagedFile]], *, saved: bool | None) -> None:
-        """Remove the staged files of a transition whose save failed. ``saved=None``: the save may
-        have reached the disk before its error (its directory's fsync failed): the files are kept
-        when the state on disk names them (the next load replays it), removed otherwise."""
-        if not staged:
-            return
-        names = {file.name for _effect, file in staged.values()}
-        try:
-            if saved is None:
-                outbox = self.store.load(self.env.cast_id).state.get(OUTBOX_KEY) or []
-                if any(isinstance(raw, dict) and raw.get(STAGED_KEY) in names for raw in outbox):
-                    return
-            self.artifacts.discard_staged(names)
-        except Exception as exc:  # noqa: BLE001 - the next load removes what no saved state names
-            self.log.debug("staged files not removed: {exc}", exc=exc)
 
     def _perform_files(self, files: list[Any]) -> None:
         """Perform one transition's file effects, batched; the outcome on disk is the same.
@@ -1008,16 +938,14 @@ class CastActor(Actor):
         if not self._dirs_made:  # a new cast's first files: its sockets/ and contexts/ first, made durable
             self.artifacts.create()
             self._dirs_made = True
-        writes: dict[str, str | bytes | StagedFile] = {}
+        writes: dict[str, str | bytes] = {}
         entries: list[dict[str, Any]] = []
         events: list[tuple[str, dict[str, Any], int]] = []
         event_json, self._event_data_json = self._event_data_json, {}
-        staged, self._staged = self._staged, {}
         data_json: list[str | None] = []
         for effect in files:
             if type(effect) is WriteArtifact:
-                file = staged.get(id(effect))  # staged before the save: renamed into place
-                writes["/".join(effect.path)] = file[1] if file is not None and file[0] is effect else effect.content
+                writes["/".join(effect.path)] = effect.content
                 if effect.manifest is not None:
                     entries.append(effect.manifest)
             elif type(effect) is EmitEvent:
@@ -1039,18 +967,6 @@ class CastActor(Actor):
         self.artifacts.create()
         seen_events = {json.dumps(e.model_dump(), sort_keys=True) for e in self.artifacts.read_events().events}
         for raw in outbox:
-            if STAGED_KEY in raw:  # its text staged before the save: renamed into place, if not yet
-                written = EFFECT_ADAPTER.validate_python(
-                    {**{k: v for k, v in raw.items() if k not in (STAGED_KEY, STAGED_SIZE_KEY)}, "content": ""})
-                if not isinstance(written, WriteArtifact):
-                    raise StateCorrupt(f"the state of cast {self.env.cast_id} names a staged file for a "
-                                       f"{written.kind}", data={"path": str(self.artifacts.run_dir)})
-                if not self.artifacts.replay_staged("/".join(written.path), raw[STAGED_KEY], raw.get(STAGED_SIZE_KEY)):
-                    self.log.warning("{path} is not the file cast {cast}'s last transition wrote (changed since?): "
-                                     "left as it is", path="/".join(written.path), cast=self.env.cast_id)
-                if written.manifest is not None:
-                    self._add_manifest_once(written.manifest)
-                continue
             if raw.get(FROM_CONFIG_KEY) is True:  # saved without its text: derive it from the saved config
                 assert self.state is not None  # loaded before the replay
                 raw = {**{k: v for k, v in raw.items() if k != FROM_CONFIG_KEY},
@@ -1329,24 +1245,14 @@ def _after_usage_length(state: CastState) -> int:
     return length
 
 
-def _outbox_json(effect: Any, config: Any, event_json: dict[int, tuple[EmitEvent, str]],
-                 staged: dict[int, tuple[WriteArtifact, StagedFile]] | None = None) -> bytes:
+def _outbox_json(effect: Any, config: Any, event_json: dict[int, tuple[EmitEvent, str]]) -> bytes:
     """One outbox entry's JSON; ``config.resolved.json`` of ``config`` without its text (see _encode).
 
     An event's entry is made from its data's text as its line writes it (json's), kept in
     ``event_json`` by the effect's id for :meth:`CastActor._perform_files`: the data is encoded
     once. Data json cannot write (NaN, a type it does not know, a lone surrogate) is left to the
-    effect's serialiser, as before, and its line refuses it then, after the save, as before. A write
-    in ``staged`` names its staged file and size instead of its text (see CastActor._stage)."""
+    effect's serialiser, as before, and its line refuses it then, after the save, as before."""
     kind = type(effect)
-    if kind is WriteArtifact and staged:
-        known = staged.get(id(effect))
-        if known is not None and known[0] is effect:
-            file = known[1]
-            tail = (file.name.encode(), _STAGED_SIZE, str(file.size).encode(), b"}")
-            if effect.path == USAGE_FILE and effect.manifest is None:
-                return b"".join((_STAGED_USAGE_OPEN, *tail))
-            return b"".join((_WRITE_SERIALIZER.to_json(effect, exclude=_NO_CONTENT)[:-1], _STAGED_OPEN, *tail))
     if kind is EmitEvent:
         try:
             data_json = event_data_json(effect.data)

@@ -58,7 +58,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import threading
 import time
 import weakref
@@ -91,8 +90,6 @@ from castor.adapters.fs import (
     read_last_json_line,
     read_regular_file,
     split_text,
-    temp_tag,
-    write_new_durably,
 )
 from castor.adapters.materia import cast_index
 from castor.domain.jsontext import json_problem
@@ -107,7 +104,6 @@ __all__ = [
     "CommandArtifacts",
     "EventLog",
     "EventRecord",
-    "Staged",
     "allocate_cast_id",
     "fit_name",
     "seg",
@@ -132,28 +128,6 @@ MAX_RUN_FILE_BYTES = 256 * 1024 * 1024
 class ArtifactCorrupt(StateCorrupt):
     """A JSON artifact exists but cannot be parsed: the data's fault (damaged, truncated, not
     UTF-8), never castor's -- ``state_corrupt``, as a damaged ``state.json`` is."""
-
-
-# --------------------------------------------------------------------------- staged files
-
-#: A staged file's name in the run directory (:meth:`CastArtifacts.stage`): ``.staged.`` and a tag
-#: no other write gets (pid, a random tag per process, a counter). Nothing else is ever renamed by a
-#: replay: a name from a state document that is not of this form is a damaged document.
-STAGED_PREFIX = ".staged."
-_STAGED_NAME = re.compile(r"\.staged\.[0-9]+\.[0-9a-f]+")
-
-
-class Staged:
-    """A whole file's bytes written and fsynced in the run directory under ``name`` before the
-    state that names them is saved; performing the write is renaming it onto its path."""
-
-    __slots__ = ("name", "size")
-
-    def __init__(self, name: str, size: int) -> None:
-        self.name, self.size = name, size
-
-    def __repr__(self) -> str:
-        return f"Staged({self.name!r}, {self.size})"
 
 
 # --------------------------------------------------------------------------- ids and segments
@@ -611,7 +585,7 @@ class CastArtifacts:
         """Write any artifact at a run-dir-relative path (text, bytes, or JSON for dict/list)."""
         return self._write(self._target(relative), content)
 
-    def write_transition(self, files: dict[str, str | bytes | Staged], entries: list[dict[str, Any]],
+    def write_transition(self, files: dict[str, str | bytes], entries: list[dict[str, Any]],
                          events: list[tuple[str, dict[str, Any], int]], *,
                          data_json: Sequence[str | None] | None = None) -> None:
         """One cast transition's file effects: whole files, then manifest entries, then events.
@@ -624,15 +598,10 @@ class CastArtifacts:
         ``manifest.json`` among them (a cast's start) is written in castor's manifest layout and
         kept in memory, so the entries that follow it are appended without reading it back.
         ``data_json``: per event, its data's compact JSON if made already (see :func:`_event_lines`).
-        A :class:`Staged` content is a file :meth:`stage` wrote before the save: it is renamed onto
-        its path (its directory fsynced with the others'), its bytes not written again.
         """
         with self._lock:
             synced: set[str] = set()
             for relative, target, content in zip(files, self._transition_targets(files), files.values(), strict=True):
-                if isinstance(content, Staged):  # written (and fsynced) before the save: renamed into place
-                    synced.add(self._publish(content.name, target))
-                    continue
                 if relative == self.MANIFEST:  # castor's own layout, and the next append needs no re-read
                     meta, lines = self._manifest_document(content, target)
                     self._write_manifest(meta, _ENTRY_SEP.join(lines).encode("utf-8"), len(lines), target,
@@ -646,75 +615,6 @@ class CastArtifacts:
                 self._add_manifest_entries_at(f"{self._run_prefix}/{self.MANIFEST}", entries)
             if events:
                 append_json_texts(f"{self._run_prefix}/{self.EVENTS}", _event_lines(events, data_json))
-
-    # -- staged whole files ----------------------------------------------------
-
-    def stage(self, content: str | bytes) -> Staged:
-        """Write ``content`` to a new staged file of the run directory and fsync it (its name is made
-        durable by the run directory's fsync after the save that names it: the state's own). A
-        transition's whole files are staged before its state is saved, so the saved outbox names
-        them instead of holding their text; :meth:`write_transition` then renames them into place."""
-        data = content.encode("utf-8") if isinstance(content, str) else content
-        name = STAGED_PREFIX + temp_tag()
-        write_new_durably(f"{self._run_prefix}/{name}", data)
-        return Staged(name, len(data))
-
-    def _publish(self, name: str, target: str) -> str:
-        """Rename the staged file ``name`` onto ``target`` (under the lock); its directory, which the
-        caller fsyncs. A staged file on another file system than its target (a mount under the run
-        directory) is copied there by an atomic write instead."""
-        parent = split_text(target)[0]
-        if parent not in self._made:
-            make_durable_dirs(parent)
-            self._made.add(parent)
-        source = f"{self._run_prefix}/{name}"
-        try:
-            os.replace(source, target)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            with open(source, "rb") as staged:
-                atomic_write_bytes(target, staged.read(), sync_dir=False)
-            os.unlink(source)
-        return parent
-
-    def discard_staged(self, names: Iterable[str] | None = None) -> None:
-        """Remove staged files: ``names`` (a transition whose save failed), or every one left in the
-        run directory (at a load, after the saved outbox's replay: a crash between staging and the
-        save leaves files no saved state names)."""
-        with self._lock:
-            if names is None:
-                try:
-                    with os.scandir(self._run_prefix) as entries:
-                        names = [e.name for e in entries if e.name.startswith(STAGED_PREFIX)]
-                except FileNotFoundError:
-                    return
-            for name in names:
-                try:
-                    os.unlink(f"{self._run_prefix}/{name}")
-                except FileNotFoundError:
-                    pass
-
-    def replay_staged(self, relative: str, name: str, size: object) -> bool:
-        """Redo a saved transition's staged write of ``relative`` after a crash: a staged file still
-        there is renamed into place (its directory fsynced); one gone was renamed already (a rename
-        is atomic, and the staged file's name was durable before the save that named it). False when
-        it is gone and ``relative`` is not the ``size``-byte file it held (changed since, by hand or
-        by another writer): that file is left as it is. A name that is not a staged file's is a
-        damaged state document (``state_corrupt``): nothing else is ever renamed."""
-        if not isinstance(name, str) or not _STAGED_NAME.fullmatch(name) or type(size) is not int:
-            raise StateCorrupt(f"the state of cast {self.cast_id} names a staged file castor does not write: "
-                               f"{name!r}", data={"path": str(self.run_dir)})
-        target = self._target(relative)
-        with self._lock:
-            if os.path.lexists(f"{self._run_prefix}/{name}"):
-                fsync_dir(self._publish(name, target))
-                return True
-            try:
-                st = os.lstat(target)
-            except FileNotFoundError:
-                return False
-        return stat.S_ISREG(st.st_mode) and st.st_size == size
 
     # -- whole-file documents ------------------------------------------------
 

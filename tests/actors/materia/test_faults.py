@@ -315,10 +315,10 @@ def test_a_state_that_cannot_be_serialised_stops_the_cast_once_never_a_crash_loo
 
     real_encode = CastActor._encode
 
-    def encode(self, state, files, *staged):
+    def encode(self, state, files):
         if state.last_output == "poison":
             raise ValueError("Error serializing to JSON: ValueError: Maximum serialization depth exceeded")
-        return real_encode(self, state, files, *staged)
+        return real_encode(self, state, files)
 
     monkeypatch.setattr(CastActor, "_encode", encode)
     rt = runtime_factory()
@@ -341,7 +341,7 @@ def test_a_first_state_that_cannot_be_serialised_fails_the_start_once_and_leaves
     real_encode = CastActor._encode
     encodes: list[int] = []
 
-    def encode(self, state, files, *staged):
+    def encode(self, state, files):
         encodes.append(self.incarnation)
         raise ValueError("Error serializing to JSON: ValueError: Maximum serialization depth exceeded")
 

@@ -59,7 +59,7 @@ def test_a_transitions_event_lines_use_the_data_text_its_outbox_made(tmp_path, m
     effects = [EmitEvent(type="socket_start", data={"socket": "S", "visit": 1, "f": 1e-05}, ts_ms=5),
                EmitEvent(type="cast_end", data={"ok": True}, ts_ms=6)]
     recorded: list[Any] = []
-    cast = SimpleNamespace(_dirs_made=True, _event_data_json={}, _staged={},
+    cast = SimpleNamespace(_dirs_made=True, _event_data_json={},
                            artifacts=SimpleNamespace(write_transition=lambda *a, **k: recorded.append((a, k))))
     entries = {id(e): _outbox_json(e, None, cast._event_data_json) for e in effects}  # what _encode keeps
     assert len(entries) == 2
