@@ -9,6 +9,8 @@ Guarantees
   open file description, so even two leases in one process exclude each other).
 - The kernel drops the lease when its holder dies — ``kill -9`` included — so an
   *active* cast whose lease is free was orphaned by a dead runtime and may be resumed.
+- A run directory castor's user owns is kept to that user when its lease is taken
+  (:func:`keep_run_dir_private`: one an older castor or pi-materia left ``0755`` becomes ``0700``).
 - ``release()`` is idempotent. The lock file is never deleted (deleting it would let
   two holders lock two different inodes).
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -66,6 +69,29 @@ def _open_lease_file(cast_id: str, path: str | os.PathLike[str], flags: int) -> 
         raise
 
 
+def keep_run_dir_private(run_dir: str) -> None:
+    """Take group and other permissions off ``run_dir`` (its owner's bits kept: ``0755`` becomes
+    ``0700``) when castor's own user owns it: a run directory an older castor or pi-materia made is
+    ``0755``, and the prompts and answers a recast, revive or continue writes there would be
+    readable by every local user. The directory is opened ``O_NOFOLLOW | O_DIRECTORY`` and changed
+    through that descriptor (``fchmod``): a link in its place is never followed, and a directory of
+    another user is left as it is (its mode is not castor's to change). Nothing to do costs one
+    open and one ``fstat``."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:  # a link or something else in its place: the lease's own checks say so, or it is left
+        return
+    try:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid == os.geteuid() and mode & 0o077:
+            os.fchmod(fd, mode & 0o700)
+    except OSError:  # a read-only file system: nothing castor writes there either
+        pass
+    finally:
+        os.close(fd)
+
+
 class CastLease:
     """A held lease; call :meth:`release` when the cast leaves this runtime."""
 
@@ -94,6 +120,12 @@ class CastLease:
             os.close(fd)
             return None
         except BaseException:
+            os.close(fd)
+            raise
+        try:
+            keep_run_dir_private(run_dir)
+        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             raise
         return cls(path, fd)
