@@ -1464,37 +1464,10 @@ def _age(seconds: int) -> str:
 
 
 def _lease_holder(run_dir: Path) -> dict[str, Any] | None:
-    """The process that holds the lease of the cast in ``run_dir`` (``pid``, and ``command``: its
-    command line, ``""`` when it cannot be read), found in ``/proc/locks`` by the lock file's device
-    and inode; None where that cannot be told (no ``/proc``, not Linux, a holder in another pid
-    namespace, or the lease freed meanwhile). Read only: it takes no lock."""
-    from castor.adapters.materia.cast_lease import LEASE_FILE
+    """The process that holds the lease of the cast in ``run_dir`` (see ``cast_lease.lease_holder``)."""
+    from castor.adapters.materia.cast_lease import lease_holder
 
-    try:
-        st = os.stat(run_dir / LEASE_FILE, follow_symlinks=False)
-        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
-            table = locks.read()
-    except OSError:
-        return None
-    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in table.splitlines():
-        fields = line.split()
-        if "->" in fields[:2] or len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != device:
-            continue  # a waiter (``->``), another kind of lock, or another file
-        try:
-            pid = int(fields[4])
-        except ValueError:
-            return None
-        if pid <= 0:
-            return None
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                command = " ".join(arg.decode("utf-8", "backslashreplace")
-                                   for arg in cmdline.read().split(b"\0") if arg)
-        except OSError:
-            command = ""
-        return {"pid": pid, "command": command}
-    return None
+    return lease_holder(run_dir)
 
 
 def _not_writable(project: Path, run_dir: Path) -> dict[str, str] | None:

@@ -21,6 +21,7 @@ from typing import Any
 from castor._log import logger
 from castor.adapters.fs import open_without_links
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
+from castor.adapters.materia.cast_lease import lease_holder
 from castor.adapters.materia.config_loader import ResolvedConfigCache
 from castor.adapters.materia.state_store import list_page
 from castor.console.delta import AGES, APPLY_JS, COUNTDOWNS
@@ -264,7 +265,7 @@ def _read_saved(root: str, ended: threading.Event) -> None:
     read = None
     try:
         page = list_page(root, limit=SAVED_SCAN)
-        read = (time.time(), [_saved_row(cast) for cast in page.casts]
+        read = (time.time(), [_with_holder(root, _saved_row(cast)) for cast in page.casts]
                 + [_unreadable_row(problem) for problem in page.problems], page.total)
     except Exception:  # noqa: BLE001 - an unreadable project must not blank the page
         logger.bind(actor="/console").opt(exception=True).debug("console: the casts under {} not read", root)
@@ -284,6 +285,19 @@ def _saved_row(cast: Any) -> dict[str, Any]:
     return {"cast_id": cast.cast_id, "status": cast.status,
             "reason": None if reason is None else str(reason)[:MAX_REASON_CHARS],
             "phase": cast.current_socket, "ended_at": _epoch(cast.updated_at) or 0.0}
+
+
+#: How a cast's listing says it has ended (whatever else it says, it has not: its lease may be held).
+_ENDED_STATUSES = frozenset({"complete", "failed", "aborted"})
+
+
+def _with_holder(root: str, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with ``held_by`` when it has not ended: the process that holds its lease (``pid`` and
+    ``command``, its command line), as ``castor status`` names it (None when none does: its runtime
+    stopped, or the holder cannot be told)."""
+    if row["status"] not in _ENDED_STATUSES:
+        row["held_by"] = lease_holder(Path(root) / row["cast_id"])
+    return row
 
 
 def _unreadable_row(problem: Any) -> dict[str, Any]:
@@ -807,9 +821,12 @@ function bar(value, scale, cls) { const w = Math.min(120, Math.round(scale(value
 // failure's reason) and when; a cast that has not ended (another castor's, or one left when its
 // castor stopped), its status as of its last save; a run directory castor cannot read, why.
 const ENDED = new Set(['complete', 'failed', 'aborted']);
+// A cast another runtime holds says which process: its pid and command line (as castor status says).
+const heldBy = c => !c.held_by ? ''
+  : ', held by pid ' + c.held_by.pid + (c.held_by.command ? ' (' + c.held_by.command + ')' : '');
 const ended = c => c.status === 'unreadable' ? 'unreadable: ' + c.reason
-  : (ENDED.has(c.status) ? 'ended ' + c.status : c.status + ', not running here') + (c.reason ? ': ' + c.reason : '') +
-    (ENDED.has(c.status) ? ' at ' : ', last saved at ') + clock(c.ended_at * 1000);
+  : (ENDED.has(c.status) ? 'ended ' + c.status : c.status + ', not running here' + heldBy(c)) +
+    (c.reason ? ': ' + c.reason : '') + (ENDED.has(c.status) ? ' at ' : ', last saved at ') + clock(c.ended_at * 1000);
 const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
 // Why an actor needs a look now and how long ago that began ([text, age in s or null]), or null
 // (the rules are the docs' "needs attention").

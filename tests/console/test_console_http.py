@@ -1282,3 +1282,49 @@ def test_metrics_are_valid_exposition_with_help_and_type_and_no_label_that_names
                 assert not any(n in value for n in named) and "Socket-" not in value, sample
     series = sum(len(f.samples) for f in families)
     assert series < 400, series  # a few per kind and status, whatever the casts
+
+
+@pytest.mark.timeout(60)
+def test_a_cast_another_runtime_holds_names_the_holding_process_and_its_command(tmp_path, monkeypatch):
+    """A project's cast that is active and not running here (another castor command or a harness's
+    serve holds its lease) is listed with the process that holds it: its pid and command line, as
+    ``castor status`` names it; the page's row says it (``held by pid N (command)``)."""
+    import subprocess
+    import sys
+
+    from castor.adapters.materia.state_store import CastStateStore
+    from castor.console import pages
+    from tests.actors.materia.helpers import make_runtime, open_session
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MATERIA_CONFIG", raising=False)
+    project = tmp_path / "project"
+    root = project / ".pi" / "pi-materia"
+    root.mkdir(parents=True)
+    cast_id = "2026-01-01T00-00-00-000Z"
+    store = CastStateStore(root)
+    store.save(cast_id, {"version": 2, "active": True, "phase": "running", "request": "r",
+                         "updatedAt": time.time()}, incarnation=store.claim(cast_id))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(root / cast_id / "owner.lock"), "holder-mark-3e1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    runtime = make_runtime()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        open_session(runtime, "s-held", project, [])
+
+        def listed() -> dict | None:
+            (now,) = [s for s in pages.tree_data(runtime)["sessions"] if s["session_id"] == "s-held"]
+            return next((c for c in now["ended"] if c["cast_id"] == cast_id), None)
+
+        row = wait_for(listed, timeout=20, what="the held cast on the session's card")
+        assert row["status"] == "active"
+        assert row["held_by"]["pid"] == holder.pid and "holder-mark-3e1" in row["held_by"]["command"]
+        assert "', held by pid '" in pages.tree_page()  # the page's row says it
+    finally:
+        holder.kill()
+        holder.wait(10)
+        pages._SAVED.clear()
+        runtime.shutdown(timeout=10)
