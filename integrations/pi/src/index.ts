@@ -1188,9 +1188,11 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// castor (a crashed cast's actor restarted: its turn is sent again) or by the extension (at a
 		// withdrawn turn's prompt), Pi keeps them queued for some later run: each is sent again now.
 		const userStopped = lastStopKey.at >= runStartedAt;
+		// A compaction the user asked for (`/compact`, an RPC `compact`) aborts the run first, and that
+		// is no Esc either: the turns are sent once Pi's settle is over, held while Pi then compacts.
 		if (aborted && !userStopped && !closingSession) {
-			const again = turns.redeliverFollowUps();
-			if (again.length) log(`turns ${again.join(", ")} sent again: the run they waited behind was stopped by castor or the extension, not the user`);
+			const again = turns.redeliverFollowUps((turnId, sendNow) => void resendWhenPiIsFree(turnId, sendNow));
+			if (again.length) log(`turns ${again.join(", ")} sent again: the run they waited behind was stopped by castor, the extension or a compaction, not the user`);
 		}
 		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
 		if (withdrawn.length && stopNextTurnNotice) {
@@ -1308,6 +1310,40 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			if (!compacting && runUnsettled) return;
 			await new Promise((resolve) => setTimeout(resolve, 20));
 		}
+	}
+	/** Pi compacts (or summarizes a branch) with no run going on: it is not idle, and no run is. */
+	function piCompacting(): boolean {
+		if (compacting) return true;
+		try {
+			return !runUnsettled && lastCtx?.isIdle?.() === false;
+		} catch {
+			return false; // a stale context
+		}
+	}
+	/**
+	 * Sends a turn that waited behind a run stopped by castor, the extension or a compaction (see
+	 * `settled`) once Pi's settle of that run is over. The user's `/compact` (an RPC `compact`) aborts
+	 * the run going on and waits for Pi to be idle before it compacts: the turn, sent again as the
+	 * run settled, started then -- before the compaction, which waited for the whole turn or ran
+	 * beside it, the turn's request with the context before it. Now, when Pi goes on to compact, the
+	 * turn waits for the compaction's end, as a turn castor asks for during one does. A turn castor
+	 * stopped meanwhile, or a session ending, is not sent.
+	 */
+	async function resendWhenPiIsFree(turnId: string, sendNow: () => void): Promise<void> {
+		const epoch = sessionEpoch;
+		// Pi's settle handlers run first, then Pi resolves its idle wait: a compaction waiting for
+		// the run to end begins within that same tick.
+		await new Promise((resolve) => setTimeout(resolve, 0));
+		if (piCompacting()) {
+			log(`turn ${turnId} held until Pi's compaction ends`);
+			await compactionEnded();
+		}
+		if (closingSession || sessionEpoch !== epoch) {
+			log(`turn ${turnId} not started: the session is ending`);
+			return;
+		}
+		if (!turns.isWaiting(turnId)) return; // castor stopped it meanwhile
+		sendNow();
 	}
 	pi.on("session_before_compact", (_event: any, ctx: Ctx) => {
 		lastCtx = ctx;

@@ -326,16 +326,24 @@ export class TurnTracker {
 	 * it only with some later run, so the turns would wait for the user's next prompt -- and were
 	 * reported interrupted, although nobody stopped them (a re-sent turn never ran). Each is sent
 	 * again to start a run of its own now; the copy Pi still holds is stopped where Pi delivers it.
-	 * Returns the ids sent again.
+	 * `send`, when given, is handed each turn's sending to do when it chooses (the caller holds it
+	 * while Pi compacts). Returns the ids sent again.
 	 */
-	redeliverFollowUps(): string[] {
+	redeliverFollowUps(send?: (turnId: string, sendNow: () => void) => void): string[] {
 		const waiting = this.queued.filter((t) => t.followUp && t.message);
 		for (const turn of waiting) {
 			turn.followUp = false;
 			turn.heldCopy = true;
-			this.pi.sendMessage(turn.message!, { triggerTurn: true });
+			const sendNow = () => this.pi.sendMessage(turn.message!, { triggerTurn: true });
+			if (send) send(turn.turnId, sendNow);
+			else sendNow();
 		}
 		return waiting.map((t) => t.turnId);
+	}
+
+	/** Whether `turnId` still waits here to start (queued, neither started, dropped nor withdrawn). */
+	isWaiting(turnId: string): boolean {
+		return this.queued.some((t) => t.turnId === turnId);
 	}
 
 	/**

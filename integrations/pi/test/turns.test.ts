@@ -479,3 +479,24 @@ test("a follow-up turn sent again after a run castor stopped runs once: the copy
 	turns.settle("s", true, null);
 	assert.equal(turns.bindFromContext([assistant("the user's answer"), prompt2]), "aborted");
 });
+
+test("a follow-up turn sent again can be sent later (Pi compacting): withdrawn meanwhile it is no longer waiting", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
+	const later: Array<[string, () => void]> = [];
+	assert.deepEqual(turns.redeliverFollowUps((id, sendNow) => later.push([id, sendNow])), ["t1"]);
+	assert.equal(pi.sent.filter((s) => s.message.display === false).length, 1, "not sent yet");
+	assert.deepEqual(turns.withdrawFollowUps("s", null), [], "no longer waiting behind the stopped run");
+	assert.ok(turns.isWaiting("t1"));
+	later[0]![1]();
+	const again = pi.sent.filter((s) => s.message.display === false);
+	assert.deepEqual(again[1], { message: again[0]!.message, options: { triggerTurn: true } }, "sent when the caller chose");
+	assert.ok(turns.bindFromMessage({ role: "custom", details: { castor_turn_id: "t1" } }));
+	assert.equal(turns.isWaiting("t1"), false, "started");
+	// castor stops a turn held so: it no longer waits, and the caller does not send it.
+	await turns.dispatch({ turn_id: "t2", prompt: "P2" }, busy);
+	turns.redeliverFollowUps(() => undefined);
+	turns.abort("t2");
+	assert.equal(turns.isWaiting("t2"), false);
+});
