@@ -18,18 +18,21 @@ waits for Pi.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from tests.support.waiting import poll_until
+from tests.support.waiting import poll_until, wait_for
 
 from .conftest import session_entries
+from .pi_tty import ENTER, ESC
 from .test_pi_cancel_moments import write_loadout
 from .test_pi_cancellation import (
     CALL_TIMEOUT_MS,
     STALL_S,
     completes,
     error_toasts,
+    events,
     requests_with,
     run_dir,
     up,
@@ -123,3 +126,58 @@ def test_abort_cancelling_the_compaction_a_turn_waits_for_lets_the_turn_run(star
     pi.request({"type": "abort"})
     the_review_runs_once_after_the_compaction(pi, fake_llm, root, begin, compact_id, compacted=False)
     assert not [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+
+
+def test_compact_in_the_terminal_while_the_users_run_streams_then_esc_cancels_it(start_tty, castor_command,
+                                                                                 fake_llm, tmp_path):
+    """The same in Pi's terminal UI: ``/compact`` typed while the user's prompt streams and the next
+    socket's turn waits behind it, then Esc while the summary streams. The key cancels the
+    compaction, and only that: the held turn then runs once and the cast completes."""
+    root = tmp_path / "project"
+    gate = root / "go"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_tty(castor_command, settings=SETTINGS)
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/materia cast build the thing")
+    run = run_dir(root)
+    fake_llm.reply_text("EARLIER-ANSWER about the weather, long enough to be worth a summary", when="EARLIER-CHAT")
+    pi.type("EARLIER-CHAT about the weather, long enough to be worth a summary")
+    wait_for(lambda: "EARLIER-ANSWER" in pi.screen_tail(100_000), timeout=20,
+             what=f"the earlier answer; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("MORE-ANSWER about the weather tomorrow, so that there is something before the kept part",
+                        when="MORE-CHAT")
+    pi.type("MORE-CHAT about the weather tomorrow, so that there is something before the kept part")
+    wait_for(lambda: "MORE-ANSWER" in pi.screen_tail(100_000), timeout=20,
+             what=f"the second answer; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
+    pi.type("USER-BUSY what is going on")
+    wait_request(fake_llm, "USER-BUSY")
+    gate.touch()
+    wait_for(lambda: "materia: Reviewer (Socket-2)" in pi.screen_tail(100_000), timeout=15,
+             what=f"Socket-2's turn asked for; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("CHECKPOINT-SUMMARY never sent", when=SUMMARY, delay=STALL_S)
+    fake_llm.reply_text("REVIEWED-AFTER-CANCEL", when="REVIEWER-MATERIA")
+    pi.type("/compact")  # Enter takes the completion Pi lists for it ...
+    time.sleep(0.3)
+    pi.press(ENTER)  # ... and this one submits (on an empty editor it does nothing)
+    wait_for(lambda: requests_with(fake_llm, SUMMARY), timeout=15,
+             what=f"the compaction's summary request; Pi drew: {pi.screen_tail()!r}")
+    assert requests_with(fake_llm, "REVIEWER-MATERIA") == [], "the turn ran before (or beside) the compaction"
+    pi.press(ESC)
+    done = wait_cast_end_in(run, pi)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert not any(e["type"] == "turn_interrupted" for e in done), [e["type"] for e in done]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1, "the Reviewer's turn ran more than once"
+    log = [json.dumps(r["messages"]) for r in fake_llm.log()]
+    first_review = min(i for i, r in enumerate(log) if "REVIEWER-MATERIA" in r)
+    assert min(i for i, r in enumerate(log) if SUMMARY in r) < first_review
+    assert not [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
+
+
+def wait_cast_end_in(run, pi) -> list[dict]:
+    wait_for(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=30,
+             what=f"the cast's end; Pi drew: {pi.screen_tail()!r}")
+    return events(run)

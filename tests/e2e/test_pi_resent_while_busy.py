@@ -152,3 +152,29 @@ def test_a_turn_sent_again_while_pi_compacts_runs_after_the_compaction(start_pi,
     assert types.index("compaction_end") < types.index("agent_start"), "the Reviewer's run began mid-compaction"
     compactions = [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
     assert len(compactions) == 1 and "CHECKPOINT-SUMMARY" in compactions[0]["summary"], compactions
+
+
+def test_abort_cancelling_the_compaction_a_resent_turn_waits_for_lets_the_turn_run(start_pi, fake_llm, tmp_path):
+    """The same, then an ``abort`` (a client's Esc) at once after castor sent the turn again: it
+    cancels Pi's compaction, and only that -- the turn held for the compaction's end runs once and
+    the cast completes. Before, the key counted as stopping the restarted cast's turn (it came
+    within the restart's window), and the held turn was stopped as it started: the cast was
+    interrupted, though the user had only cancelled the compaction."""
+    settings = {"compaction": {"enabled": False, "keepRecentTokens": 50}}
+    pi, gate, marker, root = casting_behind_a_gate(start_pi, fake_llm, tmp_path, settings)
+    pi.prompt("EARLIER-CHAT about the weather, long enough to be worth a summary")
+    pi.prompt("MORE-CHAT about the weather tomorrow, so that there is something before the kept part")
+    fake_llm.reply_text("CHECKPOINT-SUMMARY never sent", when="context summarization assistant", delay=60.0)
+    fake_llm.reply_text("REVIEWED-AFTER-RESTART", when="REVIEWER-MATERIA")
+    begin = pi.command("/materia cast build the thing")
+    run_dir(root)
+    compact_id = pi.send({"type": "compact"})
+    wait_request(fake_llm, "context summarization assistant")
+    gate.touch()
+    assert poll_until(lambda: HELD in pi.stderr(), timeout=15), pi.stderr()[-2000:]
+    crash(pi, marker, 1, HELD)
+    pi.request({"type": "abort"})
+    answer = pi.wait_for(lambda e: e.get("type") == "response" and e.get("id") == compact_id, start=begin, timeout=10)
+    assert answer.get("success") is False, answer
+    the_review_runs_once_and_the_cast_completes(pi, fake_llm, root, begin)
+    assert "no castor turn is stopped" in pi.stderr()

@@ -591,6 +591,14 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	}
 
 	function onStopKey(cause: "esc" | "abort"): void {
+		if (!runUnsettled && piCompacting()) {
+			// Pi compacts with no run going on (the user's /compact, an RPC compact): its interrupt
+			// cancels the compaction, and only that -- the prompts Pi queued meanwhile are sent then.
+			// So is a castor turn held for the compaction's end: the key stops no turn (before, one
+			// within a restarted cast's window, or right after a turn answered, stopped the turn held).
+			log(`${cause === "esc" ? "Esc" : "abort"} while Pi compacts: it cancels the compaction, no castor turn is stopped`);
+			return;
+		}
 		lastStopKey = { at: Date.now(), cause };
 		if (Date.now() < restartWindowUntil) stopResentTurn(cause);
 		else if (Date.now() - castorTurnAnsweredAt < RECENT_STOP_KEY_MS && !runUnsettled && !turns.active) {
