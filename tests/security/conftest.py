@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -189,3 +191,15 @@ def icarus_world(tmp_path: Path) -> Iterator[IcarusWorld]:
     world = IcarusWorld(tmp_path)
     yield world
     world.close()
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory another user may traverse and read (``/tmp``'s pytest base is ``0700``): for the
+    tests that read a project as uid nobody."""
+    base = Path(tempfile.mkdtemp(prefix="castor-reachable-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

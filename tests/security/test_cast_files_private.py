@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,16 +26,6 @@ REQUEST = "secret-request-7f3a: rotate the production database password"
 ANSWER = "secret-answer-9c1e"
 TITLE = "secret-title-41d0"  # a work item's title, which the CLI's session log keeps beside the runs
 
-
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A directory another user may traverse and read (``/tmp``'s pytest base is ``0700``)."""
-    base = Path(tempfile.mkdtemp(prefix="castor-private-"))
-    base.chmod(0o755)
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _what_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:

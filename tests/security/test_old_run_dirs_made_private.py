@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +27,6 @@ ANSWER = "secret-answer-77d4"
 ONE_SOCKET = {"activeLoadout": "One", "loadouts": {"One": {"entry": "Socket-1", "sockets": {
     "Socket-1": {"type": "agent", "materia": "greeter"}}}}}
 
-
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A directory another user may traverse and read (``/tmp``'s pytest base is ``0700``)."""
-    base = Path(tempfile.mkdtemp(prefix="castor-old-run-"))
-    base.chmod(0o755)
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -19,10 +19,18 @@ import pytest
 from castor.actors.icarus.component import session_of
 from castor.adapters.session_jsonl import JsonlSessionLog
 from castor.runtime import HarnessLink, Runtime, SessionInfo
+from castor.supervision import ActorSystem
 from tests.support.icarus import REFERENCE_ICARUS, IcarusWorldBase, read_jsonl
 from tests.support.icarus_fakes import FakeClassifier
 from tests.support.icarus_worker import harness  # noqa: F401 - the worker tests' fixture, re-exported for this directory
 
+
+@pytest.fixture
+def system():
+    """A bare actor system, shut down after the test (the controller and filter tests' rigs)."""
+    s = ActorSystem()
+    yield s
+    s.shutdown(10)
 
 class GatedLog:
     """The real JSONL session log behind a gate the test opens (to observe ordering)."""

@@ -23,19 +23,12 @@ from castor.messages.errors import Cancelled, InvalidParams, Timeout
 from castor.ports.classifier import ClassifierPort
 from castor.ports.session import SessionPort, SessionUiPort
 from castor.ports.worker import WorkerCalls
-from castor.supervision import ActorSystem, ChildSpec
+from castor.supervision import ChildSpec
 from tests.support.icarus_fakes import REMOTE, SAMPLE, FakeClassifier, FakeSessionLog, FakeUi, FakeWorker
 from tests.support.waiting import wait_for
 
 FILTERED = SAMPLE.replace("\n  [2026-01-02 11:00] pi-agent: grandma's chocolate cake needs three eggs", "").replace(
     "\n  ### notes: baking (score: 0.40)\n  the cake frosting recipe uses butter and icing sugar", "")
-
-
-@pytest.fixture
-def system():
-    s = ActorSystem()
-    yield s
-    s.shutdown(10)
 
 
 class Rig:

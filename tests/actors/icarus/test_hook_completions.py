@@ -22,13 +22,6 @@ MEMORY = {"message": {"customType": "icarus-memory-context", "content": "memory"
 _ids = itertools.count(1)
 
 
-@pytest.fixture
-def system():
-    s = ActorSystem()
-    yield s
-    s.shutdown(10)
-
-
 class Rig:
     def __init__(self, system: ActorSystem, result: object = None) -> None:
         self.ui = FakeUi()

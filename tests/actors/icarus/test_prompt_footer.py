@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 from castor.actors.icarus.hook_controller import HookClient, HookController
 from castor.domain.icarus.lifecycle import HookConfig
 from castor.supervision import ActorSystem, ChildSpec
@@ -16,13 +14,6 @@ from tests.support.icarus_fakes import FakeUi, FakeWorker
 FOOTER = ("icarus", "🪽 Icarus")
 CLEARED = ("icarus", None)
 _ids = itertools.count(1)
-
-
-@pytest.fixture
-def system():
-    s = ActorSystem()
-    yield s
-    s.shutdown(10)
 
 
 class Rig:
