@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.other_user import as_another_user
+from tests.support.other_user import files_nobody_reads
 
 from .conftest import castor_argv, serve_env
 
@@ -26,27 +26,6 @@ REQUEST = "secret-request-7f3a: rotate the production database password"
 ANSWER = "secret-answer-9c1e"
 TITLE = "secret-title-41d0"  # a work item's title, which the CLI's session log keeps beside the runs
 
-
-
-def _what_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
-    """The files under ``root`` that uid nobody can read and that hold one of ``markers``."""
-    def work() -> bytes:
-        found = []
-        for dirpath, _dirnames, filenames in os.walk(root):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    with open(path, "rb") as handle:
-                        data = handle.read()
-                except OSError:
-                    continue
-                if any(m.encode() in data for m in markers):
-                    found.append(os.path.relpath(path, root))
-        return json.dumps(found).encode()
-
-    got = as_another_user(work)
-    assert not got.startswith(b"RAISED"), got
-    return json.loads(got)
 
 
 def _cast(project: Path, tmp: Path) -> None:
@@ -67,7 +46,7 @@ def test_another_user_reads_no_request_prompt_or_answer_of_a_cast(reachable, tmp
     root = project / ".pi" / "pi-materia"
     [run] = [p for p in root.iterdir() if p.is_dir()]
     assert REQUEST in (run / "state.json").read_text()  # it is there, for castor's user
-    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
+    assert files_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     index = root / ".castor-index.sqlite3"
@@ -83,7 +62,7 @@ def test_a_new_cast_in_an_artifact_root_others_may_read_is_still_private(reachab
     root.mkdir(parents=True, mode=0o755)
     root.chmod(0o755)
     _cast(project, tmp_path)
-    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
+    assert files_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
     assert stat.S_IMODE(root.stat().st_mode) == 0o755  # the user's own directory is left as it was
 
 
@@ -118,4 +97,4 @@ def test_a_cast_a_harness_starts_through_castor_serve_is_private_too(reachable, 
     run = project / ".pi" / "pi-materia" / cast_id
     assert REQUEST in (run / "state.json").read_text() and ANSWER in (run / "events.jsonl").read_text() + "".join(
         p.read_text() for p in (run / "sockets").rglob("*.md"))
-    assert _what_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []
+    assert files_nobody_reads(project, (REQUEST, ANSWER, "secret-")) == []

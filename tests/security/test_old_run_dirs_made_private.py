@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from castor.adapters.materia.cast_lease import CastLease
-from tests.support.other_user import NOBODY, as_another_user
+from tests.support.other_user import NOBODY, files_nobody_reads
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root to fork one")]
@@ -34,26 +34,6 @@ def _castor(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProces
            "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile"), "MATERIA_CONFIG": ""}
     return subprocess.run([sys.executable, "-m", "castor", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=100)
-
-
-def _readable_by_nobody(root: Path, marker: str) -> list[str]:
-    """The files under ``root`` that uid nobody can read and that hold ``marker``."""
-    def work() -> bytes:
-        found = []
-        for dirpath, _dirnames, filenames in os.walk(root):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    with open(path, "rb") as handle:
-                        if marker.encode() in handle.read():
-                            found.append(os.path.relpath(path, root))
-                except OSError:
-                    continue
-        return json.dumps(found).encode()
-
-    got = as_another_user(work)
-    assert not got.startswith(b"RAISED"), got
-    return json.loads(got)
 
 
 def _as_an_older_castor_left_it(run: Path) -> None:
@@ -79,13 +59,13 @@ def test_a_cast_continued_in_a_run_directory_others_could_read_is_made_private(r
     [run] = [p for p in root.iterdir() if p.is_dir()]
     root.chmod(0o755)  # the artifact root of an older castor, and its run directory and files
     _as_an_older_castor_left_it(run)
-    assert "state.json" in " ".join(_readable_by_nobody(root, "secret-"))  # the test can see it
+    assert "state.json" in " ".join(files_nobody_reads(root, ("secret-",)))  # the test can see it
 
     done = _castor(tmp_path, "continue", run.name, "--agent", "script:answers.json", "--quiet", cwd=project)
     assert done.returncode == 0, done.stderr
     assert ANSWER in "".join(p.read_text(errors="replace") for p in run.rglob("*") if p.is_file())
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
-    assert _readable_by_nobody(root, "secret-") == []
+    assert files_nobody_reads(root, ("secret-",)) == []
 
 
 def _lease_on(root: Path, name: str) -> None:

@@ -9,6 +9,7 @@ is reported on a pipe, so a test can prove what the other user heard -- nothing,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -127,3 +128,24 @@ def as_another_user(work: Callable[[], bytes], *, uid: int = NOBODY, timeout_s: 
         os.close(read_end)
         os.waitpid(child, 0)
     return got
+
+
+def files_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
+    """The files under ``root`` that uid nobody can read and that hold one of ``markers``."""
+    def work() -> bytes:
+        found = []
+        for dirpath, _dirnames, filenames in os.walk(root):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, "rb") as handle:
+                        data = handle.read()
+                except OSError:
+                    continue
+                if any(m.encode() in data for m in markers):
+                    found.append(os.path.relpath(path, root))
+        return json.dumps(found).encode()
+
+    got = as_another_user(work)
+    assert not got.startswith(b"RAISED"), got
+    return json.loads(got)
