@@ -25,7 +25,9 @@ readily. It is off where it cannot pay: a process confined to one CPU (``os.sche
 read when the waiter is made), where the spinner would only keep the peer it waits for from
 running, and wherever ``CASTOR_REPLY_SPIN=0`` (``off``, ``false``, ``no``; ``CASTOR_REPLY_SPIN_US``
 sets the bound, default 50 us, at most 1,000; 0 turns it off; a value that is no number leaves
-the default).
+the default). A waiter may be off unless asked for (``on_by_default=False``: the Icarus worker
+call, where the spin measured slower than the blocking wait); ``CASTOR_REPLY_SPIN=1`` (``on``,
+``true``, ``yes``) turns those on too.
 """
 
 from __future__ import annotations
@@ -109,11 +111,21 @@ def _multi_cpu() -> bool:
         return (os.cpu_count() or 1) > 1
 
 
-def reply_spin() -> ReplySpin | None:
-    """A spin for one waiter, or ``None`` where it is off: confined to one CPU now, or turned off
-    (``CASTOR_REPLY_SPIN=0``; ``CASTOR_REPLY_SPIN_US``, the bound in microseconds, 0 turns it off)."""
-    setting = os.environ.get("CASTOR_REPLY_SPIN", "1").strip().lower()
-    if setting in ("0", "off", "false", "no"):
+_OFF = frozenset(("0", "off", "false", "no"))
+_ON = frozenset(("1", "on", "true", "yes"))
+
+
+def reply_spin(*, on_by_default: bool = True) -> ReplySpin | None:
+    """A spin for one waiter, or ``None`` where it is off: confined to one CPU now, turned off
+    (``CASTOR_REPLY_SPIN=0``; ``CASTOR_REPLY_SPIN_US``, the bound in microseconds, 0 turns it off),
+    or, for a waiter made with ``on_by_default=False``, not turned on (``CASTOR_REPLY_SPIN=1``).
+
+    Which waiters spin by default is measured, not assumed: a ``castor.client`` caller of a server
+    in another process does; the Icarus worker call does not (with the spin, the call through
+    ``IcarusWorkerActor`` unpinned read 1.18-1.23 of its raw child against 1.11-1.15 without, in
+    four pairs of runs alternated: docs/performance.md, "The worker's reply spin made opt-in")."""
+    setting = os.environ.get("CASTOR_REPLY_SPIN", "").strip().lower()
+    if setting in _OFF or (not on_by_default and setting not in _ON):
         return None
     try:
         max_us = float(os.environ.get("CASTOR_REPLY_SPIN_US", _DEFAULT_MAX_US))

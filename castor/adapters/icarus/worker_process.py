@@ -208,8 +208,9 @@ class WorkerProcess:
         self._idle_events: list[tuple[int, int]] | None = None  # exited_while_idle's poll, for the next call
         self._idle_at = 0.0
         self._poll_first = 0  # calls left that wait in poll before reading (_await_reply)
-        #: The bounded spin before the reply's blocking wait (None: confined to one CPU, or off).
-        self._spin: ReplySpin | None = reply_spin()
+        #: The bounded spin before the reply's blocking wait (None: confined to one CPU, or not
+        #: turned on: the worker call spins only with ``CASTOR_REPLY_SPIN=1``, castor._spin says why).
+        self._spin: ReplySpin | None = reply_spin(on_by_default=False)
         self._fd_lock = threading.Lock()
         self._retired: str | None = None  # reason once killed on purpose
         self._crashed = False
@@ -601,10 +602,11 @@ class WorkerProcess:
         after such a miss the next ``_READ_FIRST_BACKOFF`` calls poll first. A reply read this
         way on a worker killed meanwhile is not taken: the call raises as it would after a poll.
 
-        Where the process may run on several CPUs, the first wait polls without blocking for up
-        to a few tens of microseconds before it blocks (``castor._spin``: bounded, adaptive, off
-        on one CPU): what that poll returns -- the reply, the end of stdout, the wake pipe -- is
-        handled exactly as the blocking poll's events.
+        With ``CASTOR_REPLY_SPIN=1``, where the process may run on several CPUs, the first wait
+        polls without blocking for up to a few tens of microseconds before it blocks
+        (``castor._spin``: bounded, adaptive, off on one CPU; off by default for the worker call,
+        where it measured slower than the blocking wait): what that poll returns -- the reply,
+        the end of stdout, the wake pipe -- is handled exactly as the blocking poll's events.
         """
         out_fd = self._out_fd
         poller = self._reply_poller

@@ -29,9 +29,28 @@ def call(worker: WorkerProcess, function: str, *args, **kwargs):
 
 @pytest.fixture
 def several_cpus(monkeypatch):
+    """Several CPUs, and the worker call's spin turned on (it is off unless asked for)."""
     monkeypatch.setattr(spin_module, "_multi_cpu", lambda: True)
-    monkeypatch.delenv("CASTOR_REPLY_SPIN", raising=False)
+    monkeypatch.setenv("CASTOR_REPLY_SPIN", "1")
     monkeypatch.delenv("CASTOR_REPLY_SPIN_US", raising=False)
+
+
+def test_the_worker_call_spins_only_when_turned_on(monkeypatch, harness):
+    monkeypatch.setattr(spin_module, "_multi_cpu", lambda: True)
+    monkeypatch.delenv("CASTOR_REPLY_SPIN_US", raising=False)
+    monkeypatch.delenv("CASTOR_REPLY_SPIN", raising=False)
+    assert reply_spin(on_by_default=False) is None
+    assert isinstance(reply_spin(), ReplySpin)  # a waiter on by default (the client's) still spins
+    worker = harness.worker()
+    assert worker._spin is None
+    assert [call(worker, "identity", n) for n in range(5)] == list(range(5))
+    for value in ("1", "on", "true", "yes"):
+        monkeypatch.setenv("CASTOR_REPLY_SPIN", value)
+        assert isinstance(reply_spin(on_by_default=False), ReplySpin)
+    monkeypatch.setenv("CASTOR_REPLY_SPIN", "1")
+    worker = harness.worker()
+    assert worker._spin is not None
+    assert [call(worker, "identity", n) for n in range(5)] == list(range(5))
 
 
 def test_off_on_one_cpu(monkeypatch):
@@ -43,6 +62,7 @@ def test_off_on_one_cpu(monkeypatch):
 
 
 def test_off_when_turned_off(several_cpus, monkeypatch):
+    monkeypatch.delenv("CASTOR_REPLY_SPIN")
     assert isinstance(reply_spin(), ReplySpin)
     for value in ("0", "off", "false", "no"):
         monkeypatch.setenv("CASTOR_REPLY_SPIN", value)
