@@ -75,6 +75,7 @@ from __future__ import annotations
 import itertools
 import os
 import select
+import socket
 import threading
 import time
 from collections import deque
@@ -126,6 +127,7 @@ _unpackb = msgpack.unpackb
 _get_ident = threading.get_ident
 _new_pending = object.__new__
 _new_context = object.__new__
+_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class ConnectionSettings(BaseModel):
@@ -701,10 +703,20 @@ class Connection:
                 with self._wmutex:
                     if self._cork is None and not self._out and not self._writer_busy and not self._closed:
                         handled = True
-                        try:
-                            sent: int | OSError | None = self.transport.send_nowait(frame)
-                        except OSError as exc:
-                            sent = exc
+                        sent: int | OSError | None
+                        send = self.transport.send_direct
+                        if send is not None:  # SocketTransport.send_nowait's body, in this frame
+                            try:
+                                sent = send(frame, _DONTWAIT)
+                            except (BlockingIOError, InterruptedError):
+                                sent = 0
+                            except OSError as exc:
+                                sent = exc
+                        else:
+                            try:
+                                sent = self.transport.send_nowait(frame)
+                            except OSError as exc:
+                                sent = exc
                         if sent == len(frame):
                             self._frames_out += 1
                         else:
@@ -1976,10 +1988,20 @@ class Connection:
                         if (cork is not None and not cork and self._cork_thread == corked_by
                                 and not self._out and not self._writer_busy and not self._closed):
                             self._cork = self._cork_thread = None
-                            try:
-                                sent: int | OSError | None = self.transport.send_nowait(tail)
-                            except OSError as exc:
-                                sent = exc
+                            sent: int | OSError | None
+                            send = self.transport.send_direct
+                            if send is not None:  # SocketTransport.send_nowait's body, in this frame
+                                try:
+                                    sent = send(tail, _DONTWAIT)
+                                except (BlockingIOError, InterruptedError):
+                                    sent = 0
+                                except OSError as exc:
+                                    sent = exc
+                            else:
+                                try:
+                                    sent = self.transport.send_nowait(tail)
+                                except OSError as exc:
+                                    sent = exc
                             if sent == len(tail):
                                 self._frames_out += 1
                             else:

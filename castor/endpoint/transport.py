@@ -24,6 +24,8 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
+from typing import Any
 
 
 def raised_by_the_os(exc: OSError) -> bool:
@@ -63,6 +65,11 @@ class SocketTransport:
         #: (``bytes(recv_buffer[:recv_into(recv_buffer)])``, an ``OSError`` given to :meth:`read_failed`).
         self.recv_buffer = self._buffer
         self.recv_into = sock.recv_into
+        #: What ``send_nowait`` writes with (``send_direct(data, MSG_DONTWAIT)``, ``BlockingIOError`` and
+        #: ``InterruptedError`` meaning 0), for a connection's hot paths to write in their own frame;
+        #: ``None`` once ``send_nowait`` is replaced on this transport (tests make a peer fail so),
+        #: and then every write goes through the replacement (see ``__setattr__``).
+        self.send_direct: Callable[[memoryview | bytes, int], int] | None = sock.send
         self.read_fd = sock.fileno()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -70,6 +77,11 @@ class SocketTransport:
             self.peer = str(sock.getpeername()) or "unix-peer"
         except OSError:
             self.peer = "unknown"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "send_nowait":  # replaced: the hot paths' direct write would go around it
+            object.__setattr__(self, "send_direct", None)
+        object.__setattr__(self, name, value)
 
     def set_recv_timeout(self, seconds: float) -> None:
         """Make a blocking ``recv`` give up after ``seconds`` (it then returns ``None``).
@@ -140,6 +152,8 @@ class PipeTransport:
 
     #: Closing a pipe does not wake a blocked read: the connection must poll.
     interruptible = False
+    #: No direct write: every write is the connection's writer thread's (``send_nowait`` says so).
+    send_direct: None = None
 
     def __init__(self, read_fd: int, write_fd: int, *, owns_fds: bool = True, peer: str = "pipe") -> None:
         self.read_fd = read_fd

@@ -494,3 +494,26 @@ def test_a_connection_still_closing_holds_no_slot(gates, sock_dir, monkeypatch) 
     finally:
         release.set()
         srv.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_replaced_send_nowait_carries_every_write_of_the_hot_paths(server: Server, client: Client) -> None:
+    """The caller's request and the server's inline answer are written with the socket's own
+    ``send`` in the connection's frame (no transport frame a write). A ``send_nowait`` replaced on
+    the transport -- tests make a peer fail so -- must still carry each of those writes, on both
+    sides, or a failure it stands for would not happen."""
+    assert client.call("echo", {"x": 0}) == {"x": 0}  # the server's connection exists, its worker reads
+    [served] = server.connections()
+    written: dict[str, list[bytes]] = {"client": [], "server": []}
+    for side, transport in (("client", client.connection.transport), ("server", served.transport)):
+        real = transport.send_nowait
+
+        def counting(data: bytes | memoryview, real=real, side=side) -> int | None:
+            written[side].append(bytes(data))
+            return real(data)
+
+        transport.send_nowait = counting
+    for i in range(1, 4):
+        assert client.call("echo", {"x": i}) == {"x": i}
+    assert len(written["client"]) == 3 and all(b"echo" in frame for frame in written["client"])
+    assert len(written["server"]) == 3
