@@ -1870,7 +1870,8 @@ class Connection:
         same write as the frames the handler corked."""
         # The job's fields read once (each named-tuple field read is an unspecialised attribute look-up).
         msgid: int | None  # None: a notification
-        msgid, method, params = (None, *job) if isinstance(job, Notification) else job
+        # (type(...) is: nothing subclasses Notification, and isinstance is a call a job)
+        msgid, method, params = (None, *job) if type(job) is Notification else job  # type: ignore[misc]  # (mypy narrows isinstance only)
         replied = 0
         tail = None
         try:
@@ -1882,7 +1883,12 @@ class Connection:
             ctx.early = None
             try:
                 dispatcher = self.dispatcher
-                entry = dispatcher._methods.get(method) if type(dispatcher) is Dispatcher else None  # noqa: SLF001
+                entry = None
+                if type(dispatcher) is Dispatcher:
+                    try:  # a subscript, not .get (a call a job; a try costs nothing until it raises)
+                        entry = dispatcher._methods[method]  # noqa: SLF001
+                    except KeyError:  # an unknown method: dispatch answers it
+                        pass
                 if entry is not None and entry.model is None:
                     # Dispatcher.dispatch's body for a method without a params model, in this frame
                     # (one call a request fewer); any other method, or another dispatcher (the
