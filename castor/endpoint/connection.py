@@ -340,8 +340,8 @@ class Connection:
                  "_waiting_callers", "_wake_r", "_wake_w", "_watch_frames", "_watch_seen", "_watched", "_whole_max",
                  "_wlock", "_wmutex", "_worker_numbers", "_write_failed", "_writer_busy", "close_reason", "_counters",
                  "_frames_in", "_frames_out", "_calls_out",
-                 "dispatcher", "id", "parting_error", "peer_parting", "reply_spin", "settings", "state", "transport",
-                 "__weakref__")
+                 "default_timeout", "dispatcher", "id", "parting_error", "peer_parting", "reply_spin", "settings",
+                 "state", "transport", "__weakref__")
 
     @property
     def name(self) -> str:
@@ -361,6 +361,9 @@ class Connection:
         self.transport = transport
         self.dispatcher = dispatcher
         self.settings = settings or ConnectionSettings()
+        #: The deadline of a call made without ``timeout=`` (``settings.default_call_timeout``; a
+        #: :class:`~castor.client.Client` sets its own ``default_timeout`` here).
+        self.default_timeout: float = self.settings.default_call_timeout
         self.state: dict[str, Any] = {}
         self.close_reason: str | None = None
         # The reason this side decided to close for before its parting words went out (undecodable
@@ -656,7 +659,7 @@ class Connection:
         into the wait from outside closes the connection (:meth:`close_interrupted`), as one raised
         into ``await_reply`` does; one raised before the request was handed to the writer leaves
         the connection as it was."""
-        timeout = self.settings.default_call_timeout if timeout is None else timeout
+        timeout = self.default_timeout if timeout is None else timeout
         try:
             bounded = 0 < timeout < _INFINITY  # False for NaN, infinity, zero and below
         except TypeError:

@@ -4,9 +4,11 @@ work to every frame is seen (docs/performance.md, the endpoint section).
 Counted with a profile hook on the caller's thread and on the server's reading threads (Python
 functions and built-ins alike), one window per call, the median over the calls: a window that a
 hand-off or the watchdog stretched does not move it. A lock section is counted neither way (see
-``_LOCK_CALLS``). The budgets are the counts of 2026-12-08, the small-hours stop (server 13, client 17
+``_LOCK_CALLS``). The budgets are the counts of 2026-12-08, the small-hours stop (server 13, client 15
 on CPython 3.11, since both sides write a frame with the socket's own ``send`` in their own frame,
-not through the transport's ``send_nowait``) with one call of slack. Before them: server 14, client
+not through the transport's ``send_nowait``, a client without a token calls its connection's
+``call`` directly, and the caller's pending call is made by a type call, no ``object.__new__``)
+with one call of slack. Before them: server 14, client
 18 (2026-12-07, the evening stop), since both sides read the socket in their own frame, the caller
 writes its request in its own, and the server's worker takes a request's four lock sections by
 acquire-then-try (the code before it reads 19 and 20 counted so). Before those: server 19, client
@@ -34,7 +36,7 @@ from castor.client import Client
 from castor.endpoint import Dispatcher, Server
 
 SERVER_CALLS_PER_ROUND_TRIP = 14
-CLIENT_CALLS_PER_ROUND_TRIP = 18
+CLIENT_CALLS_PER_ROUND_TRIP = 16
 CALLS = 300
 _LOCK = type(threading.Lock())
 #: A lock section costs no call the hook sees when written ``with lock:`` (the statement's
