@@ -103,7 +103,7 @@ MUTANTS: list[Mutant] = [
            [f"{SUP}/test_asks_and_mailboxes.py::test_ask_timeout_says_whether_the_work_may_have_started"]),
     mutant("connection-call-deadline-dropped", "R2 every ask has a deadline (the endpoint's calls)",
            [("castor/endpoint/connection.py",
-             "timeout = self.settings.default_call_timeout if timeout is None else timeout",
+             "timeout = self.default_timeout if timeout is None else timeout",
              "timeout = 1e9 if timeout is None else timeout")],
            ["tests/endpoint/test_default_deadlines.py"]),
     mutant("harness-request-deadline-dropped", "R2 every ask has a deadline (the endpoint's calls to the harness)",
