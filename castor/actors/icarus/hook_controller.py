@@ -78,6 +78,27 @@ other in some order, each answering what the other left in flight: as when both 
 The completion is still applied before the lane counts as free again and before the caller's
 answer is set, so nothing the harness sends after that answer is stepped ahead of it.
 
+A prompt's own step
+-------------------
+The commonest prompt (hooks on, a string prompt that is not blank, not custom-triggered: the
+lifecycle's ``prompt_step`` decides it, the retrieval's call and the footer) is not a message
+either, when the controller is idle: the client (``HookClient.event``, given the session's
+:class:`PromptDoor`) calls the running incarnation's ``step_prompt`` on its own thread, which claims
+the mailbox as an inline ask does (``Mailbox.claim_idle``: the loop parked on an empty, open
+mailbox, the handle's turn free; the claim holds that turn, and whatever is sent meanwhile queues
+behind it), steps and replaces the state under ``_step_lock``, registers the caller's answer, sends
+the footer when it is news and queues the call, then gives the claim back (``end_inline``). No
+envelope, reply slot, dispatch or message: one inline ask fewer a hook, so a hook over the
+endpoint asks the controller nothing at all. Everything else takes the ask as before: a message
+queued or a handler running (the claim fails: the prompt queues behind them, in the order of
+arrival), an incarnation ending, a fault planned for the next message, a prompt the general
+machine decides (off, blank, custom, a non-string prompt), and a step that raises -- nothing was
+changed, and the ask steps it again in the turn, where a raise is a crash as for any handler. An
+interrupt landing after the state was replaced (Ctrl-C's ``KeyboardInterrupt`` on the main thread)
+crashes the incarnation (``ActorKilled``: restarted, its snapshot shows it, ``on_terminate``
+answers the caller) and goes on. Registered before the claim is given back, the prompt is found
+by an ``/icarus off``, a new session or an abort handled after it, which answer it at once.
+
 Who makes the worker call: the lane's own thread, unless the asker offers to (``HookClient.event``
 with ``answer=``, which the endpoint gives: its early answer). Then the event is stepped on the
 asking thread without waking the lane's thread, and the asker runs the queued call itself while
@@ -424,6 +445,25 @@ class WorkerLane:
 
 
 # ---------------------------------------------------------------------------
+# The prompt's own step, without an ask
+
+#: What :meth:`HookController.step_prompt` returns when it did not take the prompt (the ask does).
+NOT_TAKEN: Any = object()
+
+
+class PromptDoor:
+    """Where a :class:`HookClient` finds the running controller incarnation's
+    :meth:`~HookController.step_prompt`: set by the incarnation's ``on_start``, cleared by its
+    ``on_terminate``; None between two incarnations (the ask path then). One per session, shared
+    by the session's client and every incarnation of its controller ("A prompt's own step")."""
+
+    __slots__ = ("step",)
+
+    def __init__(self) -> None:
+        self.step: Callable[[lc.BeforeAgentStart, Answer, tuple[str, str] | None, bool], Any] | None = None
+
+
+# ---------------------------------------------------------------------------
 # The actor
 
 
@@ -443,6 +483,7 @@ class HookController(Actor):
         worker_timeout: float = 30.0,
         classifier_timeout: float = 5.0,
         audit_timeout: float = DEFAULT_AUDIT_TIMEOUT,
+        door: PromptDoor | None = None,
     ) -> None:
         super().__init__()
         if config.filtering and (classifier is None or audit is None):
@@ -456,6 +497,7 @@ class HookController(Actor):
         self.classifier_timeout = classifier_timeout
         self.audit_timeout = audit_timeout
         self._quit_timer: CancelToken | None = None
+        self._door = door
 
     def on_start(self) -> None:
         #: Held while the state is stepped and replaced (see "Completions"): handlers step it in
@@ -491,8 +533,14 @@ class HookController(Actor):
                     handle.tell(feedback(done))
 
         self._lane = WorkerLane(self.worker, self.worker_timeout, feed_back, owner=self.path)
+        self._turn = handle.turn
+        if self._door is not None:
+            self._door.step = self.step_prompt  # last: everything it reads is set
 
     def on_terminate(self, cause: str) -> None:
+        door = self._door
+        if door is not None and getattr(door.step, "__self__", None) is self:
+            door.step = None  # a client asks from now on (the next incarnation sets its own)
         timer = getattr(self, "_quit_timer", None)
         if timer is not None:
             timer.cancel()
@@ -521,6 +569,49 @@ class HookController(Actor):
             self._current_model = model
         helped = helper is not None and helper == threading.get_ident()
         self._apply(event, lane_wakes=not helped)  # a helping asker runs the calls: no wake-up
+        return self._lane if helped else None
+
+    def step_prompt(self, event: lc.BeforeAgentStart, reply: Answer, model: tuple[str, str] | None,
+                    helped: bool) -> Any:
+        """A prompt stepped on the asker's thread without an ask ("A prompt's own step" above): the
+        lane to help with its retrieval (``helped``: the asker makes the call) or None; or
+        :data:`NOT_TAKEN`, with nothing changed, when the ask path must take it."""
+        mailbox, turn = self.inbox, self._turn
+        if not mailbox.claim_idle(turn):  # the loop parked on an empty, open mailbox: this turn is ours
+            return NOT_TAKEN
+        failed: BaseException | None = None
+        try:
+            if self.is_ending or self.handle.faults.pending:
+                return NOT_TAKEN  # ending, or a fault to inject into a handled message: the ask's
+            with self._step_lock:
+                try:
+                    stepped = lc.prompt_step(self.state, event)
+                except Exception:  # noqa: BLE001 - nothing changed: the ask steps it again, where a raise is a crash
+                    return NOT_TAKEN
+                if stepped is None:
+                    return NOT_TAKEN  # not the commonest prompt: the general machine, in the turn
+                # Registered before the state says it is in flight: whatever answers it from now
+                # on (an /icarus off queued behind this turn, a completion) finds it.
+                self._futures[event.request] = reply
+                self.state, footer, call = stepped
+            try:  # _apply's effects for (footer, CallWorker), inline
+                if model is not None:
+                    self._current_model = model
+                if self._busy_since is None:
+                    self._busy_since = time.monotonic()
+                if footer is not self._prompt_footer:
+                    self._set_status(footer, True)
+                self._lane.submit(call.request, call.function, call.kwargs, wake=not helped)
+            except BaseException as exc:  # noqa: BLE001 - an interrupt mid-step: crashed below, as a handler's raise
+                failed = exc
+        finally:
+            mailbox.end_inline(turn)
+        if failed is not None:
+            # As a handler that raised: the incarnation crashes (its supervisor restarts it, a
+            # snapshot shows it) and on_terminate answers every caller, this one included.
+            self.log.opt(exception=failed).error("a prompt's step failed outside the turn")
+            self.handle.kill(f"a prompt's step failed: {type(failed).__name__}")
+            raise failed
         return self._lane if helped else None
 
     @handles(Feedback)
@@ -620,9 +711,14 @@ class HookController(Actor):
         caller's answer (a prompt's, a start's or a capture's commonest completion): True. Else
         nothing is changed and False: it goes to the actor as a message ("Completions" above)."""
         with self._step_lock:
-            nxt, effects = lc.step(self.state, done)
-            if len(effects) != 1 or type(reply := effects[0]) is not lc.Reply:
-                return False
+            state = self.state
+            answered = lc.prompt_answered(state, done)  # a prompt's commonest completion
+            if answered is None:
+                nxt, effects = lc.step(state, done)
+                if len(effects) != 1 or type(effect := effects[0]) is not lc.Reply:
+                    return False
+                answered = nxt, effect
+            nxt, reply = answered
             self.state = nxt
         if not nxt.inflight:
             self._busy_since = None  # for snapshots only (see _describe)
@@ -761,9 +857,13 @@ class _FilterJob:
 class HookClient:
     """Blocking facade over a HookController handle (for the endpoint and tests)."""
 
-    def __init__(self, handle: ActorHandle, *, default_timeout: float = 40.0) -> None:
+    def __init__(self, handle: ActorHandle, *, default_timeout: float = 40.0,
+                 door: PromptDoor | None = None) -> None:
         self.handle = handle
         self.default_timeout = default_timeout
+        #: The controller's prompt step without an ask (the one the controller was made with), or
+        #: one nobody opens (every event an ask).
+        self._door = door if door is not None else PromptDoor()
         self._prefix = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
 
@@ -804,11 +904,17 @@ class HookClient:
         # The early answer is the Answer's callback from the start: called on whichever thread
         # sets it, this one included while it asks (a prompt answered in its own step).
         fut = Answer(answer)
-        message = harness_event(event_from_harness(name, data, req), fut,
-                                _current_model(data) if "model" in data else None,
-                                None if answer is None else threading.get_ident())
-        try:  # an idle controller handles it on this thread (inline_asks)
-            lane = self.handle.ask(message, timeout=bound)
+        event = event_from_harness(name, data, req)
+        model = _current_model(data) if "model" in data else None
+        lane: Any = NOT_TAKEN
+        step = self._door.step
+        try:
+            if step is not None and type(event) is lc.BeforeAgentStart:
+                lane = step(event, fut, model, answer is not None)  # an idle controller's, without an ask
+            if lane is NOT_TAKEN:  # an idle controller handles it on this thread (inline_asks)
+                lane = self.handle.ask(harness_event(event, fut, model,
+                                                     None if answer is None else threading.get_ident()),
+                                       timeout=bound)
         except Exception:  # noqa: BLE001 - crashed, stopped or timed out before handling: ambient None
             return fut.result(0) if fut.done() else None
         if answer is not None and isinstance(lane, WorkerLane):

@@ -68,7 +68,7 @@ from castor import tree
 from castor._log import LOGGING_SETUP, logger
 from castor.actors.icarus.audit import DEFAULT_AUDIT_TIMEOUT, AuditActor
 from castor.actors.icarus.classifier import ClassifierActor
-from castor.actors.icarus.hook_controller import QUIT_GRACE_S, HookClient, HookController
+from castor.actors.icarus.hook_controller import QUIT_GRACE_S, HookClient, HookController, PromptDoor
 from castor.actors.icarus.messages import (
     AGENT_END,
     AGENT_SETTLED,
@@ -341,6 +341,8 @@ class IcarusSession:
     _workers: list[WorkerProcessPort] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _hooks: HookClient | None = None
+    #: The controller's prompt step without an ask, shared by its incarnations and the client.
+    _door: PromptDoor = field(default_factory=PromptDoor)
     _tool_client: IcarusWorkerClient | None = None
     _hook_client: IcarusWorkerClient | None = None
     _spawn: Callable[[], WorkerProcessPort] | None = None
@@ -445,7 +447,7 @@ class IcarusSession:
             return hooks
         with self._lock:
             if self._hooks is None:
-                self._hooks = HookClient(self._lookup("hooks"))
+                self._hooks = HookClient(self._lookup("hooks"), door=self._door)
             return self._hooks
 
     def _worker_client(self, attr: str) -> IcarusWorkerClient:
@@ -512,6 +514,7 @@ class IcarusSession:
             audit=system.lookup(self.path("audit")) if self.filtering else None,
             worker_timeout=s.timeout_ms / 1000.0,
             classifier_timeout=s.classifier_timeout_ms / 1000.0,
+            door=self._door,
         )
 
     # -- ui ---------------------------------------------------------------------

@@ -507,6 +507,13 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
     footer = _status(state.config.footer_status)  # _footer: enabled here
     if ev.custom or not prompt.strip():
         return state, [footer, Reply(request=ev.request)]
+    state, call = _retrieve(state, ev.request, prompt)
+    return state, [footer, call]
+
+
+def _retrieve(state: HookState, request: str, prompt: str) -> tuple[HookState, CallWorker]:
+    """An eligible prompt's turn (enabled, not custom, text not blank): the retrieval's call, the
+    prompt in flight, the first turn consumed, the capture window opened with the prompt."""
     kwargs = {"session_id": state.session_id, "user_message": prompt, "is_first_turn": state.first_turn}
     pending = state.pending
     if pending is None or pending.generation != state.generation:
@@ -515,9 +522,40 @@ def _on_before_agent_start(state: HookState, ev: BeforeAgentStart) -> Step:
         pending = pending.evolve(prompt=prompt, hidden=False)  # the user's run: its answers are theirs
     # One copy of the state, not two: the in-flight entry is added with the turn's own changes.
     # (``build``, not the class call: every prompt makes these two values)
-    inflight = {**state.inflight, ev.request: InFlight.build(kind="prompt", generation=state.generation, prompt=prompt)}
+    inflight = {**state.inflight, request: InFlight.build(kind="prompt", generation=state.generation, prompt=prompt)}
     state = state.evolve(first_turn=False, pending=pending, inflight=inflight)
-    return state, [footer, CallWorker.build(request=ev.request, function="pre_llm_call", kwargs=kwargs)]
+    return state, CallWorker.build(request=request, function="pre_llm_call", kwargs=kwargs)
+
+
+def prompt_step(state: HookState, ev: BeforeAgentStart) -> tuple[HookState, SetStatus, CallWorker] | None:
+    """The commonest prompt's step, for a caller that steps it outside the actor's turn: when
+    ``step(state, ev)`` would be ``(next, [footer, CallWorker])`` (hooks registered and enabled, the
+    session not shut down, a string prompt that is not blank, not custom-triggered), that
+    ``(next, footer, call)``, the same values; else None (nothing decided: the general
+    :func:`step` decides). Pure, as :func:`step` is."""
+    prompt = ev.prompt
+    if (state.shut_down or not state.enabled or ev.custom or type(prompt) is not str
+            or not state.config.hooks_registered or not prompt.strip()):
+        return None
+    nxt, call = _retrieve(state, ev.request, prompt)
+    return nxt, _status(state.config.footer_status), call
+
+
+def prompt_answered(state: HookState, ev: WorkerDone) -> tuple[HookState, Reply] | None:
+    """The commonest completion's step: when ``step(state, ev)`` would be ``(next, [Reply(None)])``
+    for a prompt's retrieval (a call that answered, for an in-flight prompt of this generation,
+    with no context to inject: not a dict with a string ``context`` that is not blank), that
+    ``(next, reply)``, the same values; else None (the general :func:`step` decides). Pure."""
+    fl = state.inflight.get(ev.request)
+    if fl is None or fl.kind != "prompt" or fl.stage != "worker" or not ev.ok:
+        return None
+    if fl.generation == state.generation:
+        context = _context_of(ev.result)
+        if context is not None and (context.strip() or len(context) > MAX_CONTEXT_CHARS):
+            return None  # a context to inject or filter, or one too large (logged)
+    inflight = dict(state.inflight)
+    del inflight[ev.request]
+    return state.evolve(inflight=inflight), Reply.build(request=ev.request)
 
 
 def _inject(state: HookState, request: str, text: str | None) -> Reply:
