@@ -131,6 +131,34 @@ def test_a_crashed_worker_mid_prompt_answers_none_and_the_next_prompt_retrieves(
     assert rig.client.event("before_agent_start", {"prompt": "q"}, answer=lambda _: None) == MEMORY
 
 
+@pytest.mark.parametrize("settle", ["off", "abort", "new_session"])
+def test_a_prompt_stepped_without_an_ask_is_found_and_answered_at_once_during_its_retrieval(system, settle):
+    rig = Rig(system)
+    gate = rig.worker.gates["pre_llm_call"] = threading.Event()
+    answers: list = []
+    before, calls, made = rig.hooks.processed, rig.prompts(), len(rig.worker.calls)
+    thread = threading.Thread(target=lambda: answers.append(
+        rig.client.event("before_agent_start", {"prompt": "q"}, answer=answers.append)), daemon=True)
+    thread.start()
+    assert rig.worker.wait_calls(made + 1) and rig.prompts() == calls + 1
+    assert rig.hooks.processed == before  # stepped without a message
+    (request,) = rig.controller().state.inflight
+    if settle == "off":
+        assert rig.client.set_enabled(False) is False
+    elif settle == "abort":
+        rig.client.abort(request)
+        rig.client.status()  # the abort (a tell) has been handled
+    else:  # its own start waits behind the held retrieval on the lane: sent, not waited for
+        rig.client.submit("session_start", {"session_id": "S2"})
+        rig.client.status()  # handled
+    assert answers == [None]  # the early answer, while the retrieval still runs
+    gate.set()
+    thread.join(5)
+    assert not thread.is_alive() and answers == [None, None]
+    ctl = rig.controller()
+    assert request not in ctl.state.inflight and request not in ctl._futures
+
+
 def _race_off_and_prompt(rig: Rig) -> bool:
     """One round: a prompt and an ``/icarus off`` let go together; True when the prompt got None."""
     assert rig.client.set_enabled(True) is True
