@@ -287,11 +287,40 @@ class Mailbox:
                     data={"capacity": self.capacity},
                     may_have_started=False,
                 )
-            self._queue.append(envelope)
-            by_type = self._by_type
-            by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
-            if self._waiters:
-                self._waiters.pop(0).release()
+            queue = self._queue
+            try:
+                queue.append(envelope)
+                by_type = self._by_type
+                by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
+                waiters = self._waiters
+                if waiters:
+                    # Woken before it leaves the list, not popped first: an interrupt between
+                    # the pop and the wake-up took the waiter with it (a parked consumer never
+                    # woke, a resumer was never handed), and the message stayed queued.
+                    waiters[0].release()
+                    del waiters[0]
+            except BaseException:  # an interrupt (Ctrl-C on the main thread) mid-put
+                if queue and queue[-1] is envelope:  # it was queued: it is counted and handed
+                    self._finish_interrupted_put(envelope)
+                raise
+
+    def _finish_interrupted_put(self, envelope: Envelope) -> None:
+        """What an interrupted :meth:`put` that queued ``envelope`` left undone, done (under the
+        lock, on the interrupted thread, before the interrupt goes on): its type counted (the
+        count made again from the queue: the interrupt may have come before or after it was
+        bumped) and the first waiter woken and then removed (a wake-up that had already taken is
+        made again: a parked consumer's lock that is already released stays so, a resumer runs
+        its continuation once however often it is handed)."""
+        name = envelope.type_name
+        self._by_type[name] = sum(1 for queued in self._queue if queued.type_name == name)
+        waiters = self._waiters
+        if waiters:
+            waiter = waiters[0]
+            try:
+                waiter.release()
+            except RuntimeError:  # a parked consumer's lock the interrupted put had released
+                pass
+            del waiters[0]
 
     def put_control(self, item: Control) -> bool:
         """Queue a control item ahead of every message; False when closed."""
