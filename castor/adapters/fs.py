@@ -15,8 +15,11 @@ Guarantees
   most: nothing castor creates is writable by group or others, whatever the umask (a plain
   ``mkdir`` under ``umask 000`` made run directories anyone could write into). A directory that
   holds what no other user should read (a cast's run directory: its request, prompts, answers)
-  is made :data:`PRIVATE_DIR_MODE` (``make_dir(path, PRIVATE_DIR_MODE)``). A JSON-lines file castor appends to
-  (a cast's events, a session log) is created ``0600``.
+  is made :data:`PRIVATE_DIR_MODE` (``make_dir(path, PRIVATE_DIR_MODE)``), and so are the directories
+  castor makes inside it (``make_durable_dirs(d, PRIVATE_DIR_MODE)``); the files castor writes there
+  are created :data:`PRIVATE_FILE_MODE` (``atomic_write_*(..., mode=PRIVATE_FILE_MODE)``), so a run
+  directory made wider later (a ``chmod``, a copy, a tarball) still shows no other user its prompts
+  and answers. A JSON-lines file castor appends to (a cast's events, a session log) is created ``0600``.
 - ``safe_join(root, *parts)`` returns a path that is inside ``root`` after
   symlinks are resolved, or raises :class:`Forbidden`. It refuses ``..``
   components, absolute parts, empty parts and NUL bytes before touching the
@@ -75,6 +78,7 @@ from castor.messages.errors import Forbidden, NotFound, StorageUnavailable
 
 __all__ = [
     "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
     "JsonLinesRead",
     "SkippedLine",
     "append_json_line",
@@ -167,6 +171,10 @@ PRIVATE_DIR_MODE = 0o700
 root castor makes): a project is often readable by everyone (a home of ``0755``, ``umask 022``), and
 a cast's files hold its request, the prompts castor sent (memory recalled into them) and the answers."""
 
+PRIVATE_FILE_MODE = 0o600
+"""The mode of a file castor writes inside a private directory (a run directory's files): readable by
+castor's user alone even once the directory is made wider (a ``chmod``, a copy, a tarball)."""
+
 
 def make_dir(path: str | os.PathLike[str], mode: int = DIR_MODE) -> None:
     """``os.mkdir(path)`` with :data:`DIR_MODE` (or ``mode``, e.g. :data:`PRIVATE_DIR_MODE`;
@@ -206,22 +214,22 @@ def make_private_dir(path: str | os.PathLike[str]) -> None:
             raise
 
 
-def make_durable_dirs(directory: str) -> None:
-    """Create ``directory`` and missing parents (:data:`DIR_MODE`), fsyncing the parent of each
-    one created, so a new directory survives a power cut along with the files later written into it."""
+def make_durable_dirs(directory: str, mode: int = DIR_MODE) -> None:
+    """Create ``directory`` and missing parents (:data:`DIR_MODE`, or ``mode``), fsyncing the parent
+    of each one created, so a new directory survives a power cut along with the files later written into it."""
     # mkdir first, not a stat first: a cast transition makes a new directory (a socket's) far more
     # often than it meets one it has not made yet, and a stat that fails costs as much as the mkdir.
     parent = os.path.dirname(directory)
     try:
-        os.mkdir(directory, DIR_MODE)
+        os.mkdir(directory, mode)
     except FileExistsError:  # a directory there (or something else: the write into it says so)
         return
     except FileNotFoundError:  # a parent missing: made first (durably), then this one
         if not parent or parent == directory:
             raise
-        make_durable_dirs(parent)
+        make_durable_dirs(parent, mode)
         try:
-            os.mkdir(directory, DIR_MODE)
+            os.mkdir(directory, mode)
         except FileExistsError:
             return
     fsync_dir(parent)
@@ -448,11 +456,12 @@ os.register_at_fork(after_in_child=lambda: _TEMP_PREFIX.__setitem__(0, f"{os.get
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: bool = False,
-                       sync_dir: bool = True) -> None:
+                       sync_dir: bool = True, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically and durably (see module doc).
 
-    ``keep_mode`` gives the new file the permission bits of the one it
-    replaces (for files a user owns, like Pi's settings.json). ``sync_dir=False``
+    The new file is created ``mode`` (less the umask; :data:`PRIVATE_FILE_MODE` for a run
+    directory's files). ``keep_mode`` gives it the permission bits of the one it
+    replaces instead (for files a user owns, like Pi's settings.json). ``sync_dir=False``
     leaves the directory fsync to the caller, who batches several replacements in one
     directory behind one :func:`fsync_dir` (the replacement is durable only after it).
     """
@@ -462,7 +471,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
     # The temp name is unique per call (pid, a random tag per process, a counter) so concurrent
     # writers, in this process or another, never share one.
     tmp = f"{directory}/.{name}.{_TEMP_PREFIX[0]}{next(_TEMP_SEQ)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:
             if keep_mode:
@@ -487,9 +496,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, keep_mode: 
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8",
-                      keep_mode: bool = False) -> None:
+                      keep_mode: bool = False, mode: int = 0o644) -> None:
     """Atomically replace ``path`` with ``text`` encoded as ``encoding``."""
-    atomic_write_bytes(path, text.encode(encoding), keep_mode=keep_mode)
+    atomic_write_bytes(path, text.encode(encoding), keep_mode=keep_mode, mode=mode)
 
 
 def _strict_one_line_encoder(item_separator: str, key_separator: str) -> Callable[[Any], str]:
@@ -523,12 +532,13 @@ def dump_json(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False)
 
 
-def atomic_write_json(path: str | os.PathLike[str], value: Any, *, indent: int | None = 2) -> None:
+def atomic_write_json(path: str | os.PathLike[str], value: Any, *, indent: int | None = 2,
+                      mode: int = 0o644) -> None:
     """Atomically replace ``path`` with ``value`` as JSON plus a trailing newline.
 
     Serialisation happens first, so an unserialisable value writes nothing.
     """
-    atomic_write_text(path, dump_json(value, indent=indent) + "\n")
+    atomic_write_text(path, dump_json(value, indent=indent) + "\n", mode=mode)
 
 
 # --------------------------------------------------------------------------- contained paths

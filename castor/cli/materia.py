@@ -1192,7 +1192,7 @@ def _one_abort_at_a_time(run_dir: Path) -> Iterator[None]:
         return
     try:
         fd = os.open(run_dir / ABORT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                     0o644)
+                     0o600)
     except OSError:
         yield
         return
@@ -1272,11 +1272,11 @@ def _ask_to_abort(request: Path) -> bool:
     abort) is replaced."""
     import psutil
 
-    from castor.adapters.fs import atomic_write_json
+    from castor.adapters.fs import PRIVATE_FILE_MODE, atomic_write_json
 
     mine = {"requested_at": time.time(), "pid": os.getpid()}
     draft = request.with_name(f"{request.name}.{os.getpid()}.{time.monotonic_ns()}")
-    atomic_write_json(draft, mine)
+    atomic_write_json(draft, mine, mode=PRIVATE_FILE_MODE)
     try:
         os.link(draft, request)
         return True
@@ -1293,7 +1293,7 @@ def _ask_to_abort(request: Path) -> bool:
             raise StateCorrupt(f"{request} is a directory, where castor leaves the running command its abort "
                                f"request; remove it (`rm -r {request}`) and abort again",
                                data={"path": str(request), "reason": "abort_request_is_a_directory"}) from None
-        atomic_write_json(request, mine)
+        atomic_write_json(request, mine, mode=PRIVATE_FILE_MODE)
         return True
     finally:
         try:

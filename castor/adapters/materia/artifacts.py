@@ -71,6 +71,7 @@ from pydantic import BaseModel, ConfigDict
 
 from castor.adapters.fs import (
     PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
     ConfinedRoot,
     JsonLinesRead,
     SkippedLine,
@@ -471,7 +472,7 @@ class CastArtifacts:
             for sub in ("sockets", "contexts"):
                 target = self._target(sub)
                 try:
-                    make_dir(target)
+                    make_dir(target, PRIVATE_DIR_MODE)
                     made = True
                 except FileExistsError:
                     if not os.path.isdir(target):  # a file, a FIFO or a link in its place: the run
@@ -570,7 +571,7 @@ class CastArtifacts:
         """Atomically replace ``target`` (under the lock); with ``sync_dir=False`` the caller fsyncs its directory."""
         parent = split_text(target)[0]
         if parent not in self._made:
-            make_durable_dirs(parent)
+            make_durable_dirs(parent, PRIVATE_DIR_MODE)
             self._made.add(parent)
         if isinstance(content, str):
             data = content.encode("utf-8")
@@ -578,7 +579,7 @@ class CastArtifacts:
             data = content
         else:
             data = (dump_json(content) + "\n").encode("utf-8")
-        atomic_write_bytes(target, data, sync_dir=sync_dir)
+        atomic_write_bytes(target, data, sync_dir=sync_dir, mode=PRIVATE_FILE_MODE)
         return target
 
     def write_relative(self, relative: str, content: str | bytes | dict[str, Any] | list[Any]) -> Path:

@@ -61,7 +61,7 @@ def _lease_file_damaged(cast_id: str, path: str | os.PathLike[str], what: str, i
 
 def _open_lease_file(cast_id: str, path: str | os.PathLike[str], flags: int) -> int:
     try:
-        return os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o600)  # a run directory's files are castor's user's alone
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the last component
             raise link_in_place_of_the_lease(cast_id, path) from None

@@ -40,7 +40,14 @@ from typing import Any
 import psutil
 
 from castor._log import logger
-from castor.adapters.fs import atomic_write_bytes, fsync_dir, make_dir, read_regular_file
+from castor.adapters.fs import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write_bytes,
+    fsync_dir,
+    make_dir,
+    read_regular_file,
+)
 from castor.ports.utility_runner import RUN_DIR_ENV as RUN_DIR_ENV
 from castor.ports.utility_runner import RUNTIME_PID_ENV as RUNTIME_PID_ENV
 from castor.ports.utility_runner import VISIT_ID_ENV as VISIT_ID_ENV
@@ -71,7 +78,7 @@ def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None =
     record's name in it) and, when ``.commands`` is made now, the run directory -- a power cut after
     the command started leaves the record, so the next holder still says it runs the command again."""
     try:
-        make_dir(path.parent)
+        make_dir(path.parent, PRIVATE_DIR_MODE)
     except FileExistsError:
         pass
     else:
@@ -83,7 +90,7 @@ def record_running(path: Path, visit_id: str, *, cluster_fence_s: float | None =
     record: dict[str, Any] = {"visit_id": visit_id}
     if cluster_fence_s is not None:
         record[CLUSTER_FENCE_KEY] = cluster_fence_s
-    atomic_write_bytes(path, json.dumps(record).encode("utf-8"))
+    atomic_write_bytes(path, json.dumps(record).encode("utf-8"), mode=PRIVATE_FILE_MODE)
     return True
 
 
@@ -131,7 +138,8 @@ def record_outcome(path: Path, visit_id: str, outcome: dict[str, Any]) -> None:
     durably (fsynced, the directory too), before the cast is told -- so that a runtime killed
     before the cast saved it leaves it for the next one (:func:`finished_outcome`). Only over the
     record :func:`record_running` wrote."""
-    atomic_write_bytes(path, json.dumps({"visit_id": visit_id, "outcome": outcome}).encode("utf-8"))
+    atomic_write_bytes(path, json.dumps({"visit_id": visit_id, "outcome": outcome}).encode("utf-8"),
+                       mode=PRIVATE_FILE_MODE)
 
 
 def finished_outcome(run_dir: str | os.PathLike[str], cast_id: str, visit_id: str) -> dict[str, Any] | None:

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from castor._log import logger
 from castor.adapters.fs import (
+    PRIVATE_FILE_MODE,
     ConfinedRoot,
     atomic_write_bytes,
     foreign_owner,
@@ -230,7 +231,7 @@ def _flock_fd(path: str | os.PathLike[str]) -> int:
     to the open file description, so the kernel drops it when the holder dies (even by
     ``kill -9``). Blocks until it is free.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), PRIVATE_FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:
@@ -558,7 +559,8 @@ class CastStateStore:
                     )
                 new_incarnation = max(incarnation, stored_incarnation)
                 saved_at = iso_now_ms()
-                atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json))
+                atomic_write_bytes(path, _document(cast_id, revision + 1, new_incarnation, saved_at, state_json),
+                                   mode=PRIVATE_FILE_MODE)
                 st = os.lstat(path)
                 self._written[cast_id] = (stat_signature(st), revision + 1, new_incarnation)
             finally:
@@ -606,7 +608,8 @@ class CastStateStore:
             cast_id=cast_id, revision=revision, incarnation=incarnation, saved_at=iso_now_ms(), state=state
         )
         encoded = json.dumps(state, ensure_ascii=False, allow_nan=False)
-        atomic_write_bytes(path, _document(cast_id, revision, incarnation, stored.saved_at, encoded))
+        atomic_write_bytes(path, _document(cast_id, revision, incarnation, stored.saved_at, encoded),
+                           mode=PRIVATE_FILE_MODE)
         return stored
 
     # -- listing -------------------------------------------------------------

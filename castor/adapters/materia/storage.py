@@ -95,7 +95,7 @@ class FileCastStorage:
         return newest(artifact_root, where)
 
     def write_json(self, path: Path, value: Any) -> None:
-        fs.atomic_write_json(path, value)
+        fs.atomic_write_json(path, value, mode=fs.PRIVATE_FILE_MODE)  # a run directory's file
 
     def note_in_cli_json(self, run_dir: Path, key: str, value: list[str] | None) -> bool:
         note = run_dir / "cli.json"
@@ -111,7 +111,7 @@ class FileCastStorage:
             recorded.pop(key)
         else:
             recorded[key] = value
-        fs.atomic_write_json(note, recorded)
+        fs.atomic_write_json(note, recorded, mode=fs.PRIVATE_FILE_MODE)
         return True
 
     def kill_recorded(self, run_dir: Path, cast_id: str, *, keep: str | None = None) -> list[int]:

@@ -1,0 +1,87 @@
+"""The files inside a cast's run directory are castor's user's alone, not only the directory.
+
+A run directory is ``0700``, but the files and sub-directories castor made in it were ``0644`` and
+``0755``: the directory made wider later -- an operator's ``chmod -R go+rX`` to share a project, a
+copy or a tarball that keeps the inner modes -- showed every other user the request, the prompts
+castor sent and the answers. Each file castor writes there is now made ``0600`` and each
+directory ``0700`` (what the cast index and the JSON-lines appends already were). The test runs
+a real ``castor cast`` (an agent socket and a utility command, whose record castor keeps in the
+run directory), then an abort of it, widens every directory as an operator would, and reads the
+project as uid ``nobody``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.other_user import as_another_user
+
+from .conftest import castor_argv, serve_env
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root to fork one")]
+
+REQUEST = "secret-request-52ab: the staging credentials"
+ANSWER = "secret-answer-e07c"
+OUTPUT = "secret-output-3d19"
+
+
+def _files_nobody_can_open(root: Path) -> list[str]:
+    """Every regular file under ``root`` that uid nobody can open for reading."""
+    def work() -> bytes:
+        found = []
+        for dirpath, _dirnames, filenames in os.walk(root):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, "rb"):
+                        found.append(os.path.relpath(path, root))
+                except OSError:
+                    continue
+        return json.dumps(sorted(found)).encode()
+
+    got = as_another_user(work)
+    assert not got.startswith(b"RAISED"), got
+    return json.loads(got)
+
+
+def _widen_every_directory(root: Path) -> None:
+    """What ``chmod -R go+rX`` does to directories (and a copy that keeps modes leaves as it was)."""
+    for path in (root, *root.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+
+
+def test_every_file_castor_writes_in_a_run_directory_is_its_users_alone(reachable, tmp_path):
+    project = reachable / "project"
+    (project / ".pi").mkdir(parents=True, mode=0o755)
+    config = {"activeLoadout": "U", "loadouts": {"U": {"entry": "Socket-1", "sockets": {
+        "Socket-1": {"type": "utility", "command": ["sh", "-c", f"echo {OUTPUT}"],
+                     "edges": [{"when": "always", "to": "Socket-2"}]},
+        "Socket-2": {"type": "agent", "materia": "greeter"}}}}}
+    (project / ".pi" / "pi-materia.json").write_text(json.dumps(config))
+    (tmp_path / "answers.json").write_text(json.dumps([ANSWER]))
+    env = {**serve_env(tmp_path), "CASTOR_AGENT": "", "MATERIA_CONFIG": "",
+           "PI_MATERIA_PROFILE_DIR": str(tmp_path / "profile")}
+    done = subprocess.run(castor_argv("cast", REQUEST, "--agent", f"script:{tmp_path / 'answers.json'}", "--quiet"),
+                          cwd=str(project), env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    root = project / ".pi" / "pi-materia"
+    [run] = [p for p in root.iterdir() if p.is_dir()]
+    # An abort of the ended cast: refused, but it takes the run directory's abort lock first.
+    subprocess.run(castor_argv("abort", run.name), cwd=str(project), env=env, capture_output=True, text=True,
+                   timeout=60)
+    assert (run / "abort.lock").exists()
+    text = "".join(p.read_text(errors="replace") for p in run.rglob("*") if p.is_file())
+    assert REQUEST in text and ANSWER in text and OUTPUT in text  # all there, for castor's user
+    made = {p.relative_to(run).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in run.rglob("*")}
+    assert {"state.json", "events.jsonl", "manifest.json", "cli.json", "usage.json", "config.resolved.json",
+            "owner.lock", "state.lock", "abort.lock"} <= set(made), sorted(made)
+    assert {name: oct(mode) for name, mode in made.items() if mode & 0o077} == {}
+    _widen_every_directory(project)
+    assert _files_nobody_can_open(run) == []
