@@ -1379,16 +1379,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     view = _with_needs_agent(args, view, root)
     if view.get("needs_agent"):
         text += f"\n{NO_AGENT_REMEMBERED}"
-    pending = view.get("pending")
-    if isinstance(pending, dict) and pending.get("kind") == "utility" and isinstance(pending.get("visit_id"), str):
-        from castor.adapters.materia.command_records import running_command
+    from castor.adapters.materia.command_records import utility_running
 
-        running = running_command(view["run_dir"], pending["visit_id"])  # which command, since when
-        if running is not None:
-            view["command_running"] = running
-            if not held_elsewhere(view):  # its runtime is gone (kill -9): the command runs on, unowned
-                text += (f"\nits utility command {_running_words(running)} still runs, left by the runtime "
-                         f"that stopped; a recast kills it before it runs the command again")
+    running = utility_running(view.get("run_dir"), view.get("pending"))  # which command, since when
+    if running is not None:
+        view["command_running"] = running
+        if not held_elsewhere(view):  # its runtime is gone (kill -9): the command runs on, unowned
+            text += (f"\nits utility command {_running_words(running)} still runs, left by the runtime "
+                     f"that stopped; a recast kills it before it runs the command again")
     if held_elsewhere(view):  # its lease is held: a harness session or another castor command runs it
         view["elsewhere"] = True
         # Whichever holds it (a harness session's castor serve, another castor command), it takes

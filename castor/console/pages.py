@@ -22,6 +22,7 @@ from castor._log import logger
 from castor.adapters.fs import open_without_links
 from castor.adapters.materia.artifacts import MAX_RUN_FILE_BYTES
 from castor.adapters.materia.cast_lease import lease_holder
+from castor.adapters.materia.command_records import running_commands, utility_running
 from castor.adapters.materia.config_loader import ResolvedConfigCache
 from castor.adapters.materia.state_store import list_page
 from castor.console.delta import AGES, APPLY_JS, COUNTDOWNS
@@ -158,6 +159,7 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
     with _SAVED_LOCK:
         for root in [root for root in _SAVED if root not in roots_read]:
             _SAVED.pop(root, None)
+    _with_commands_running(actors, sessions)
     if moments is not None:  # a session's cast shows its actor's figures, read when its actor's were
         read_at = {actor["path"]: moments[id(actor)] for actor in actors if id(actor) in moments}
         for session in sessions:
@@ -165,6 +167,55 @@ def tree_data(runtime: Any, moments: dict[int, float] | None = None) -> dict[str
                 if cast["path"] in read_at:
                     moments[id(cast)] = read_at[cast["path"]]
     return {"at": time.time(), "actors": actors, "sessions": sessions, "workers": worker_data(runtime, moments)}
+
+
+#: Seconds what a live cast's utility command is (:func:`_with_commands_running`) stands before it
+#: is looked for again: finding it reads every process's environment, and a push comes each second.
+COMMAND_REREAD_S = 5.0
+#: The longest command line a cast row carries (``castor status`` shows as much).
+MAX_COMMAND_CHARS = 200
+#: Per live cast's awaited utility (its run directory and visit): when it was looked for, and what was found.
+_COMMANDS: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+
+
+def _shown_command(running: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A utility command's process as a cast row carries it: ``pid``, ``command`` (cut as
+    ``castor status`` cuts it) and ``started_at`` (epoch seconds: the page counts how long)."""
+    if running is None:
+        return None
+    command = str(running["command"])
+    if len(command) > MAX_COMMAND_CHARS:
+        command = command[:MAX_COMMAND_CHARS - 1] + "\u2026"
+    return {"pid": running["pid"], "command": command, "started_at": running["started_at"]}
+
+
+def _with_commands_running(actors: list[dict[str, Any]], sessions: list[dict[str, Any]]) -> None:
+    """Each live cast that awaits a utility command gets ``command_running``: the command's process
+    (:func:`_shown_command`), found as ``castor status`` finds it (:func:`running_commands`, what
+    :func:`utility_running` asks, one pass for every such cast), looked for again after
+    :data:`COMMAND_REREAD_S`; None while none runs (queued for a slot, ended)."""
+    awaiting: dict[str, tuple[str, str]] = {}
+    for actor in actors:
+        data = (actor.get("activity") or {}).get("data") or {}
+        if actor["kind"] == "CastActor" and data.get("pending") == "utility" and data.get("run_dir") \
+                and isinstance(data.get("visit_id"), str):
+            awaiting[actor["path"]] = (str(data["run_dir"]), data["visit_id"])
+    now = time.monotonic()
+    for gone in [key for key in _COMMANDS if key not in awaiting.values()]:
+        _COMMANDS.pop(gone, None)
+    stale = {key for key in awaiting.values() if key not in _COMMANDS or now - _COMMANDS[key][0] >= COMMAND_REREAD_S}
+    if stale:  # one pass over the processes for all of them
+        try:
+            running = running_commands(stale)
+        except Exception:  # noqa: BLE001 - a process table that cannot be read: none shown
+            running = {}
+        for key in stale:
+            _COMMANDS[key] = (now, _shown_command(running.get(key)))
+    for session in sessions:
+        for cast in session["casts"]:
+            awaited = awaiting.get(cast["path"])
+            if awaited is not None:
+                cast["command_running"] = _COMMANDS[awaited][1]
 
 
 def _read_actors(runtime: Any, moments: dict[int, float]) -> list[dict[str, Any]]:
@@ -297,7 +348,27 @@ def _with_holder(root: str, row: dict[str, Any]) -> dict[str, Any]:
     stopped, or the holder cannot be told)."""
     if row["status"] not in _ENDED_STATUSES:
         row["held_by"] = lease_holder(Path(root) / row["cast_id"])
+        row["command_running"] = _saved_command_running(root, row["cast_id"])
     return row
+
+
+def _saved_command_running(root: str, cast_id: str) -> dict[str, Any] | None:
+    """The utility command a cast not running here awaits, as its saved state says, when its
+    process runs now (its holder's, or left running by a runtime that was killed), as ``castor
+    status`` names it (:func:`utility_running`); None otherwise, or when its state cannot be read."""
+    from castor.adapters.materia.storage import FILE_CAST_STORAGE
+
+    try:
+        document = FILE_CAST_STORAGE.store(Path(root)).load(cast_id).state
+        pending = document.get("pending") if isinstance(document, dict) else None
+        if not isinstance(pending, dict) or pending.get("kind") != "utility":
+            return None
+        shown = _shown_command(utility_running(f"{root}/{cast_id}", pending))
+        if shown is not None:  # no runtime holds the cast (one was killed): the command runs on, unowned
+            shown["orphaned"] = not FILE_CAST_STORAGE.lease_held(Path(root), cast_id)
+        return shown
+    except Exception:  # noqa: BLE001 - a state it cannot read says nothing more here
+        return None
 
 
 def _unreadable_row(problem: Any) -> dict[str, Any]:
@@ -824,8 +895,17 @@ const ENDED = new Set(['complete', 'failed', 'aborted']);
 // A cast another runtime holds says which process: its pid and command line (as castor status says).
 const heldBy = c => !c.held_by ? ''
   : ', held by pid ' + c.held_by.pid + (c.held_by.command ? ' (' + c.held_by.command + ')' : '');
+// How long ago, as castor status says it: 12s, 3m 5s, 2h 4m.
+const ago = s => { s = Math.max(0, Math.floor(s));
+  return s < 60 ? s + 's' : s < 3600 ? Math.floor(s / 60) + 'm ' + s % 60 + 's'
+                                     : Math.floor(s / 3600) + 'h ' + Math.floor(s % 3600 / 60) + 'm'; };
+// The utility command a cast runs, its process found as castor status finds it: `cmd` (pid 42, for 3m 5s).
+const commandWords = r => '`' + r.command + '` (pid ' + r.pid + ', for ' + ago(Date.now() / 1000 - r.started_at) + ')';
+const commandOf = c => !c.command_running ? '' : !c.command_running.orphaned
+  ? '; running its utility command ' + commandWords(c.command_running)
+  : '; its utility command ' + commandWords(c.command_running) + ' still runs, left by the runtime that stopped';
 const ended = c => c.status === 'unreadable' ? 'unreadable: ' + c.reason
-  : (ENDED.has(c.status) ? 'ended ' + c.status : c.status + ', not running here' + heldBy(c)) +
+  : (ENDED.has(c.status) ? 'ended ' + c.status : c.status + ', not running here' + heldBy(c) + commandOf(c)) +
     (c.reason ? ': ' + c.reason : '') + (ENDED.has(c.status) ? ' at ' : ', last saved at ') + clock(c.ended_at * 1000);
 const castHref = (sid, cast) => BASE + 'cast/' + encodeURIComponent(sid) + '/' + encodeURIComponent(cast);
 // Why an actor needs a look now and how long ago that began ([text, age in s or null]), or null
@@ -923,6 +1003,8 @@ function render(doc) {
                 $('span', {}, ' ' + (c.activity ? doing({text: c.activity, age_s: c.waiting_s,
                                                          deadline_in_s: c.deadline_in_s})
                                                 : (c.phase || '-'))),
+                // the command it runs, as castor status names it (a span of its own: the text before is cut)
+                $('span', {'data-command': ''}, commandOf(c), MAX_REASON),
                 // what would move it on (castor inspect casts says the same)
                 $('span', {class: 'muted'}, c.waiting_for ? '; waits for ' + c.waiting_for : ''));
       ul.append(li);

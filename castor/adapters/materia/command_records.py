@@ -226,9 +226,16 @@ def running_command(run_dir: str | os.PathLike[str], visit_id: str) -> dict[str,
     ``command`` (its command line) and ``started_at`` (epoch seconds) of the topmost process of
     castor's user whose environment carries that visit and run directory; None when none runs (or
     none can be read)."""
-    run_dir_tag = os.fspath(run_dir)
+    key = (os.fspath(run_dir), visit_id)
+    return running_commands({key}).get(key)
+
+
+def running_commands(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """:func:`running_command` of several utility commands at once, each ``(run directory,
+    visit id)``, in one pass over the processes (each pass reads every process's environment):
+    those found running, by their key."""
     me = os.geteuid()
-    found: dict[int, psutil.Process] = {}
+    found: dict[tuple[str, str], dict[int, psutil.Process]] = {}
     for proc in psutil.process_iter():
         try:
             # castor's user's processes only: another user's may carry any environment it likes
@@ -238,16 +245,32 @@ def running_command(run_dir: str | os.PathLike[str], visit_id: str) -> dict[str,
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if env.get(VISIT_ID_ENV) == visit_id and env.get(RUN_DIR_ENV) == run_dir_tag:
-            found[proc.pid] = proc
-    for proc in found.values():
-        try:
-            if proc.ppid() in found or proc.status() == psutil.STATUS_ZOMBIE:
+        key = (env.get(RUN_DIR_ENV, ""), env.get(VISIT_ID_ENV, ""))
+        if key in wanted:
+            found.setdefault(key, {})[proc.pid] = proc
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, procs in found.items():
+        for proc in procs.values():
+            try:
+                if proc.ppid() in procs or proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                out[key] = {"pid": proc.pid, "command": " ".join(proc.cmdline()), "started_at": proc.create_time()}
+                break
+            except (psutil.Error, OSError):
                 continue
-            return {"pid": proc.pid, "command": " ".join(proc.cmdline()), "started_at": proc.create_time()}
-        except (psutil.Error, OSError):
-            continue
-    return None
+    return out
+
+
+def utility_running(run_dir: str | os.PathLike[str] | None, pending: Any) -> dict[str, Any] | None:
+    """What a cast is doing, when it waits for a utility command: the command's process as
+    :func:`running_command` finds it (``pid``, ``command``, ``started_at``), or None (the cast awaits
+    no utility command, or none runs now). ``pending`` is the cast's pending work as its saved state
+    or its live activity has it: a mapping with ``kind`` and ``visit_id``. ``castor status`` and the
+    console's cast rows both ask this, so they name the same process."""
+    if not run_dir or not isinstance(pending, dict) or pending.get("kind") != "utility":
+        return None
+    visit_id = pending.get("visit_id")
+    return running_command(run_dir, visit_id) if isinstance(visit_id, str) else None
 
 
 def kill_tagged(match: Callable[[dict[str, str]], bool]) -> list[int]:
