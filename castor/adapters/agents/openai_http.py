@@ -48,7 +48,14 @@ from urllib.parse import urlsplit
 
 from castor._log import logger
 from castor.adapters.agents._turns import TurnBook, error_outcome
-from castor.domain.materia.budget import MAX_FIGURE, cost_figure, non_negative_number, plain_usage, unreadable_usage
+from castor.domain.materia.budget import (
+    MAX_FIGURE,
+    cost_figure,
+    figure_sum,
+    non_negative_number,
+    plain_usage,
+    unreadable_usage,
+)
 from castor.messages.errors import InvalidParams
 from castor.ports.agent import TurnOutcome, TurnReply, TurnRequest, TurnUsage
 from castor.supervision.timers import call_later
@@ -129,11 +136,13 @@ def _usage(raw: Any) -> TurnUsage:
             # OpenAI's prompt_tokens already hold the cached ones: a total summed from the parts
             # (input + output + cacheRead) would count them twice
             plain["total_tokens"] = prompt + completion
-    charged = cost_figure(raw.get("cost"))  # a decimal string ("0.25") too, as some proxies send it
+    fee = cost_figure(raw.get("cost"))  # a decimal string ("0.25") too, as some proxies send it
+    charged = _with_upstream_share(raw, fee)
     if charged is not None:
         # a cost past what castor counts keeps the figure given, so the turn names it "(counted as
         # 10^18)"; replaced by the cap, it counted as the cap without a word
-        plain["cost"] = {"total": plain["cost"] if charged >= MAX_FIGURE else charged, "totalFromProvider": True}
+        given = fee is not None and fee >= MAX_FIGURE
+        plain["cost"] = {"total": plain["cost"] if given else charged, "totalFromProvider": True}
     return TurnUsage(
         input_tokens=tokens(raw.get("prompt_tokens")),
         output_tokens=tokens(raw.get("completion_tokens")),
@@ -142,6 +151,26 @@ def _usage(raw: Any) -> TurnUsage:
         cost_usd=charged,
         raw=plain,
     )
+
+
+#: OpenRouter's flag for a turn run on a provider key of the user's own (BYOK), and where it says
+#: what that provider charged the key: its ``usage.cost`` is then only OpenRouter's fee.
+BYOK_FLAG, UPSTREAM_COST = "is_byok", ("cost_details", "upstream_inference_cost")
+
+
+def _with_upstream_share(raw: dict[str, Any], charged: float | None) -> float | None:
+    """What a turn cost in all: ``charged`` (``usage.cost``) plus, on OpenRouter with the user's own
+    provider key (``is_byok: true``), the upstream provider's charge to that key
+    (``cost_details.upstream_inference_cost``, a cost figure: a decimal string too), billed apart
+    from OpenRouter's fee; ``charged`` as it is otherwise (OpenRouter's own key: its cost is the
+    whole charge, whatever ``cost_details`` says), or when no upstream figure is readable."""
+    if raw.get(BYOK_FLAG) is not True:
+        return charged
+    details = raw.get(UPSTREAM_COST[0])
+    upstream = cost_figure(details.get(UPSTREAM_COST[1])) if isinstance(details, dict) else None
+    if upstream is None:
+        return charged
+    return figure_sum(charged or 0, upstream)
 
 
 def _json_int(text: str) -> int | float:

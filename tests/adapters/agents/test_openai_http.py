@@ -346,3 +346,35 @@ def test_a_usage_nested_thousands_of_levels_deep_keeps_the_answer_and_names_what
         assert out.usage.output_tokens == 3 and extract_usage(usage).tokens.output == 3
         assert not unreadable_figures(usage), usage
     agent.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("byok, upstream, total", [
+    (True, 0.0095, 0.01),  # a key of the user's own: the upstream provider bills its share apart
+    (True, "0.0095", 0.01),  # a decimal string, as any cost may be
+    (True, None, 0.0005),  # no upstream figure: the fee is all that is known
+    (True, -1, 0.0005),  # not a cost figure: not counted, as everywhere
+    (False, 0.0095, 0.0005),  # OpenRouter's own key: its cost is the whole charge already
+    (True, 1e30, 10**18),  # past what castor counts: the sum is capped, never the fee alone
+], ids=["byok", "byok-string", "byok-no-upstream", "byok-negative", "not-byok", "byok-past-the-cap"])
+def test_an_openrouter_turn_on_the_user_s_own_key_costs_its_upstream_share_too(server, byok, upstream, total):
+    """OpenRouter with a provider key of the user's own (BYOK) charges its fee as ``usage.cost`` and
+    says what the provider charged the user's key in ``cost_details.upstream_inference_cost``: the
+    turn cost both. castor read ``usage.cost`` alone as the turn's billed cost, a few percent of
+    what was spent, and a ``maxCostUsd`` let some twenty times its figure through."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage
+
+    server.mode = "odd_usage"
+    server.usage_text = json.dumps({
+        "prompt_tokens": 194, "completion_tokens": 2, "total_tokens": 196, "cost": 0.0005, "is_byok": byok,
+        "cost_details": {"upstream_inference_cost": upstream}, "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0}})
+    agent = OpenAIChatAgent(base(server), model="m", deadline_s=5)
+    out = run(agent)
+    assert out.ok, out
+    assert out.usage.cost_usd == total
+    read = extract_usage(usage_map(out))
+    assert read.cost.total == total and read.tokens.total == 196
+    assert usage_map(out)["cost"]["totalFromProvider"] is True
+    agent.close()
