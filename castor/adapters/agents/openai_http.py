@@ -109,8 +109,9 @@ def _usage(raw: Any) -> TurnUsage:
     """The server's ``usage`` as TurnUsage. Telemetry: a figure that is not a finite, non-negative
     number (NaN, a string, -1) counts as not reported -- it failed the turn that had answered.
     ``raw`` keeps the map as plain JSON for the engine's alias-aware reading (which counts 12.5
-    tokens as written), with OpenAI's nested ``prompt_tokens_details.cached_tokens`` lifted to the
-    top level (the engine reads ``cached_tokens`` there; nested, the cached tokens were lost), and
+    tokens as written), with OpenAI's nested ``prompt_tokens_details.cached_tokens`` (else DeepSeek's
+    ``prompt_cache_hit_tokens``) lifted to the top level as ``cached_tokens`` (the engine reads them
+    there; nested or under DeepSeek's name, the cached tokens were lost), and
     a ``cost`` the server states (OpenRouter's ``usage.cost``: what it charged) marked as the
     provider's billed figure, as Pi marks one (``cost.totalFromProvider``): the report's
     ``costEstimated`` stays false for such turns. No ``usage`` at all (a local server, a proxy
@@ -128,6 +129,8 @@ def _usage(raw: Any) -> TurnUsage:
         return int(number) if number is not None else None
 
     cached = tokens(details.get("cached_tokens"))
+    if cached is None:  # DeepSeek's own name for them (inside prompt_tokens too, as OpenAI's)
+        cached = tokens(raw.get(DEEPSEEK_CACHE_HITS))
     plain = plain_usage(raw)
     if cached is not None and "cached_tokens" not in plain:
         plain["cached_tokens"] = cached
@@ -153,6 +156,9 @@ def _usage(raw: Any) -> TurnUsage:
     )
 
 
+#: DeepSeek's count of the prompt tokens its cache served (``prompt_cache_hit_tokens``, beside
+#: ``prompt_cache_miss_tokens``; both inside ``prompt_tokens``), where OpenAI nests ``cached_tokens``.
+DEEPSEEK_CACHE_HITS = "prompt_cache_hit_tokens"
 #: OpenRouter's flag for a turn run on a provider key of the user's own (BYOK), and where it says
 #: what that provider charged the key: its ``usage.cost`` is then only OpenRouter's fee.
 BYOK_FLAG, UPSTREAM_COST = "is_byok", ("cost_details", "upstream_inference_cost")

@@ -378,3 +378,28 @@ def test_an_openrouter_turn_on_the_user_s_own_key_costs_its_upstream_share_too(s
     assert read.cost.total == total and read.tokens.total == 196
     assert usage_map(out)["cost"]["totalFromProvider"] is True
     agent.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("total", [True, False], ids=["with-total", "no-total"])
+def test_deepseek_s_cache_hits_are_its_cache_read_tokens(server, total):
+    """DeepSeek reports the prompt tokens its cache served as ``prompt_cache_hit_tokens`` (beside
+    ``prompt_cache_miss_tokens``, both inside ``prompt_tokens``), not OpenAI's nested
+    ``cached_tokens``: castor counted no cache-read tokens for any DeepSeek turn. They are its
+    cache-read tokens now, counted once in the total (inside the input, as OpenAI's)."""
+    from castor.actors.materia.socket_actor import usage_map
+    from castor.domain.materia.budget import extract_usage
+
+    usage = {"prompt_tokens": 1200, "completion_tokens": 300, "prompt_cache_hit_tokens": 1000,
+             "prompt_cache_miss_tokens": 200, "completion_tokens_details": {"reasoning_tokens": 120}}
+    if total:
+        usage["total_tokens"] = 1500
+    server.mode = "odd_usage"
+    server.usage_text = json.dumps(usage)
+    agent = OpenAIChatAgent(base(server), model="deepseek-chat", deadline_s=5)
+    out = run(agent)
+    assert out.ok, out
+    assert out.usage.cache_read_tokens == 1000
+    read = extract_usage(usage_map(out)).tokens
+    assert (read.input, read.output, read.cacheRead, read.total) == (1200, 300, 1000, 1500)
+    agent.close()
