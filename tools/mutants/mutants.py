@@ -201,8 +201,8 @@ MUTANTS: list[Mutant] = [
     # ---- row 3/6: atomic durable state ------------------------------------------------------------------
     mutant("non-atomic-write", "R3/R6 state is saved atomically",
            [("castor/adapters/fs.py",
-             "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)",
-             "fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)"),
+             "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)",
+             "fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)"),
             ("castor/adapters/fs.py",
              "        os.replace(tmp, target)\n    except BaseException as exc:",
              "        pass\n    except BaseException as exc:")],
