@@ -287,19 +287,19 @@ class Mailbox:
                     data={"capacity": self.capacity},
                     may_have_started=False,
                 )
-            queue = self._queue
             try:
-                queue.append(envelope)
+                self._queue.append(envelope)
                 by_type = self._by_type
                 by_type[envelope.type_name] = by_type.get(envelope.type_name, 0) + 1
-                waiters = self._waiters
-                if waiters:
+                if self._waiters:
                     # Woken before it leaves the list, not popped first: an interrupt between
                     # the pop and the wake-up took the waiter with it (a parked consumer never
                     # woke, a resumer was never handed), and the message stayed queued.
+                    waiters = self._waiters
                     waiters[0].release()
                     del waiters[0]
             except BaseException:  # an interrupt (Ctrl-C on the main thread) mid-put
+                queue = self._queue
                 if queue and queue[-1] is envelope:  # it was queued: it is counted and handed
                     self._finish_interrupted_put(envelope)
                 raise
