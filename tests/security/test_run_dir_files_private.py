@@ -85,3 +85,32 @@ def test_every_file_castor_writes_in_a_run_directory_is_its_users_alone(reachabl
     assert {name: oct(mode) for name, mode in made.items() if mode & 0o077} == {}
     _widen_every_directory(project)
     assert _files_nobody_can_open(run) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_file_castor_rewrites_takes_the_private_mode_and_one_it_leaves_keeps_its_own(tmp_path):
+    """A run directory an older castor filled (``0644`` files): the state castor saves again is
+    replaced whole, ``0600``; a file it does not rewrite, and a lock file it only opens, keep their
+    modes (castor changes no mode it did not make)."""
+    import time
+
+    from castor.adapters.materia.state_store import CastStateStore
+
+    root = tmp_path / "root"
+    root.mkdir()
+    cast_id = "2026-01-01T00-00-00-000Z"
+    store = CastStateStore(root)
+    incarnation = store.claim(cast_id)
+    store.save(cast_id, {"version": 2, "active": True, "phase": "running", "request": "r",
+                         "updatedAt": time.time()}, incarnation=incarnation)
+    run = root / cast_id
+    old = run / "sockets" / "Socket-1" / "1.md"
+    old.parent.mkdir(parents=True)
+    old.write_text("an older castor's answer")
+    for path in (old, run / "state.json", run / "state.lock"):
+        path.chmod(0o644)
+    store.save(cast_id, {"version": 2, "active": True, "phase": "later", "request": "r",
+                         "updatedAt": time.time()}, incarnation=incarnation)
+    assert stat.S_IMODE((run / "state.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(old.stat().st_mode) == 0o644
+    assert stat.S_IMODE((run / "state.lock").stat().st_mode) == 0o644
