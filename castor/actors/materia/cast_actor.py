@@ -238,7 +238,8 @@ class CastEnv:
     user_turn_timeout_s: float | None = None  # opt-in bound on a user-driven turn (RuntimeSettings)
     extras: dict[str, Any] = field(default_factory=dict)
     # The status view right after a new cast's start, set by its first incarnation's on_start;
-    # the starter reads it once spawn has returned (spawn waits for on_start), instead of an ask.
+    # the starter reads it once spawn has returned (spawn waits for on_start), instead of an ask,
+    # and drops it (a live cast does not hold its start's view, ~4 KB, for its life).
     started_view: dict[str, Any] | None = None
     host_context: HostContextPort | None = None  # None: a standalone agent, no host context
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S

@@ -345,7 +345,7 @@ class SessionActor(Actor):
         except BaseException:
             self.storage.discard_unsaved(root, cast_id)  # a start that saved no state was never a cast: nothing to list
             raise
-        view = env.started_view or self._ask_status(handle, root, cast_id)
+        view, env.started_view = env.started_view or self._ask_status(handle, root, cast_id), None  # read once
         # What pi-materia tells at a start: where the artifacts are, the config source and the entry.
         text = (f"pi-materia cast started: {cast_id} ({one_line(resolved.pipeline.loadout_name)}). "
                 f"Artifacts: {one_line(str(view.get('run_dir') or f'{root}/{cast_id}'))}\n"

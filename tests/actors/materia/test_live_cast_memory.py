@@ -99,3 +99,21 @@ def test_a_cast_waiting_for_its_agent_keeps_no_manifest_text(tmp_path):
         assert [e.get("kind") for e in manifest["entries"]].count("socket_output") == 1
     finally:
         rt.shutdown(30)
+
+
+def test_a_started_cast_does_not_keep_the_view_its_starter_read(tmp_path):
+    """The status view a new cast's first incarnation leaves for its starter (instead of an ask) is
+    taken once by the starter and dropped: a live cast does not hold it (~4 KB) for its life."""
+    write_project_config(tmp_path, CONFIG)
+    rt = make_runtime()
+    try:
+        open_session(rt, "s1", tmp_path, {"*": [{"text": "ok", "delay_ms": 3000}]})
+        started = materia_call(rt, "s1", "start", {"request": "r"})
+        assert started["cast_id"] and started["run_dir"]  # the starter's answer still has the view
+        handles = list(rt.system.registry.children(rt.session("s1").child("cast")))
+        assert len(handles) == 1 and handles[0].alive
+        env = handles[0].actor.env
+        assert env.cast_id == started["cast_id"]
+        assert env.started_view is None
+    finally:
+        rt.shutdown(30)
