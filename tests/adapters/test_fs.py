@@ -325,3 +325,48 @@ def test_make_durable_dirs_makes_a_new_directory_without_a_stat_and_every_missin
     assert (tmp_path / "file").read_text() == "x"
     with pytest.raises(NotADirectoryError):
         fs.make_durable_dirs(f"{tmp_path}/file/sub")
+
+
+def test_a_bounded_read_allocates_for_the_file_not_for_the_bound(tmp_path):
+    import tracemalloc
+
+    from castor.adapters.fs import read_regular_file
+
+    path = tmp_path / "state.json"
+    path.write_bytes(b"x" * 32_768)
+    tracemalloc.start()
+    try:
+        raw = read_regular_file(path, 256 * 1024 * 1024)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert raw == b"x" * 32_768
+    assert peak < 1024 * 1024, peak  # the bound's 256 MiB was allocated for every read before
+
+
+@pytest.mark.parametrize("grown_to, bound, refused", [(100, 1000, False), (1000, 1000, False), (1001, 1000, True),
+                                                      (5000, 1000, True)])
+def test_a_file_grown_since_its_size_was_read_is_read_whole_or_refused_past_the_bound(
+        tmp_path, monkeypatch, grown_to, bound, refused):
+    import os
+
+    from castor.adapters import fs
+    from castor.adapters.fs import TooLarge, read_regular_file
+
+    path = tmp_path / "grows"
+    path.write_bytes(b"y" * grown_to)
+    real_fstat = os.fstat
+
+    class Smaller:  # the size as it was before the file grew
+        def __init__(self, st):
+            self._st = st
+
+        def __getattr__(self, name):
+            return 10 if name == "st_size" else getattr(self._st, name)
+
+    monkeypatch.setattr(fs.os, "fstat", lambda fd: Smaller(real_fstat(fd)))
+    if refused:
+        with pytest.raises(TooLarge):
+            read_regular_file(path, bound)
+    else:
+        assert read_regular_file(path, bound) == b"y" * grown_to
