@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 DEFAULT_USAGE: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+HOLD_MAX_S = 60.0  # a held reply goes out after this long even if its test never releases it
 OMIT_USAGE = object()
 
 
@@ -44,6 +45,8 @@ class Scripted:
     pause: float = 0.0  # seconds between a streamed text's first half and its second (a turn mid-stream)
     # the final chunk's ``usage`` as sent (OMIT_USAGE: no usage chunk at all)
     usage: Any = field(default_factory=lambda: dict(DEFAULT_USAGE))
+    # the response waits until this is set (at most HOLD_MAX_S), after ``delay``: the test says when it comes
+    hold: threading.Event | None = None
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -83,12 +86,13 @@ class FakeLLM:
     _server: ThreadingHTTPServer | None = None
 
     def reply_text(self, text: str, *, when: str | None = None, delay: float = 0.0, pause: float = 0.0,
-                   usage: Any = DEFAULT_USAGE) -> None:
+                   usage: Any = DEFAULT_USAGE, hold: threading.Event | None = None) -> None:
         """Queue a text reply; ``delay`` seconds pass before the response starts, ``pause`` seconds
         between its first half and its second (the turn streams meanwhile); ``usage`` is the usage
-        the stream ends with, as a provider wrote it (any JSON; ``OMIT_USAGE``: none)."""
+        the stream ends with, as a provider wrote it (any JSON; ``OMIT_USAGE``: none); ``hold``: the
+        response starts once the test sets it (a turn that streams until the test says)."""
         with self._lock:
-            self.script.append(Scripted(text=text, when=when, delay=delay, pause=pause, usage=usage))
+            self.script.append(Scripted(text=text, when=when, delay=delay, pause=pause, usage=usage, hold=hold))
 
     def reply_tool_call(self, name: str, arguments: dict[str, Any], *, when: str | None = None,
                         delay: float = 0.0) -> None:
@@ -154,6 +158,8 @@ class FakeLLM:
                 item = fake.take(body)
                 if item.delay:
                     time.sleep(item.delay)  # a slow model, so a test can act mid-turn
+                if item.hold is not None:
+                    item.hold.wait(HOLD_MAX_S)
                 try:
                     if item.status != 200:
                         self._plain(

@@ -18,6 +18,7 @@ waits for Pi.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -181,3 +182,61 @@ def wait_cast_end_in(run, pi) -> list[dict]:
     wait_for(lambda: any(e["type"] == "cast_end" for e in events(run)), timeout=30,
              what=f"the cast's end; Pi drew: {pi.screen_tail()!r}")
     return events(run)
+
+
+def test_a_held_turn_waits_for_the_prompt_the_user_typed_during_the_compaction(start_tty, castor_command, fake_llm,
+                                                                               tmp_path):
+    """``/compact`` typed while the user's prompt streams and the next socket's turn waits behind it,
+    then a new prompt typed while the summary streams: Pi holds that prompt and sends it as the
+    compaction ends, so the user's new run streams when the held turn is sent again. The turn waits
+    for that run's end and runs once, as its own turn -- it used to go to Pi as a steer message, taken
+    into the user's run after its tool call, before its answer."""
+    root = tmp_path / "project"
+    gate = root / "go"
+    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
+                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
+    pi = start_tty(castor_command, settings=SETTINGS)
+    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
+             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
+    pi.type("/materia cast build the thing")
+    run = run_dir(root)
+    fake_llm.reply_text("EARLIER-ANSWER about the weather, long enough to be worth a summary", when="EARLIER-CHAT")
+    pi.type("EARLIER-CHAT about the weather, long enough to be worth a summary")
+    wait_for(lambda: "EARLIER-ANSWER" in pi.screen_tail(100_000), timeout=20,
+             what=f"the earlier answer; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("MORE-ANSWER about the weather tomorrow, so that there is something before the kept part",
+                        when="MORE-CHAT")
+    pi.type("MORE-CHAT about the weather tomorrow, so that there is something before the kept part")
+    wait_for(lambda: "MORE-ANSWER" in pi.screen_tail(100_000), timeout=20,
+             what=f"the second answer; Pi drew: {pi.screen_tail()!r}")
+    fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
+    pi.type("USER-BUSY what is going on")
+    wait_request(fake_llm, "USER-BUSY")
+    gate.touch()
+    wait_for(lambda: "materia: Reviewer (Socket-2)" in pi.screen_tail(100_000), timeout=15,
+             what=f"Socket-2's turn asked for; Pi drew: {pi.screen_tail()!r}")
+    summary = threading.Event()
+    fake_llm.reply_text("CHECKPOINT-SUMMARY: the user chatted about the weather.", when=SUMMARY, hold=summary)
+    fake_llm.reply_tool_call("bash", {"command": "echo NEXT-TOOL-RAN"}, when="USER-NEXT")
+    fake_llm.reply_text("REVIEWED-AFTER-THE-USER", when="REVIEWER-MATERIA")
+    pi.type("/compact")  # Enter takes the completion Pi lists for it ...
+    time.sleep(0.3)
+    pi.press(ENTER)  # ... and this one submits (on an empty editor it does nothing)
+    wait_for(lambda: requests_with(fake_llm, SUMMARY), timeout=15,
+             what=f"the compaction's summary request; Pi drew: {pi.screen_tail()!r}")
+    pi.type("USER-NEXT run the tool")  # Pi holds it while it compacts, sends it at the end
+    wait_for(lambda: "USER-NEXT" in pi.screen_tail(100_000), timeout=10,
+             what=f"the prompt typed during the compaction; Pi drew: {pi.screen_tail()!r}")
+    summary.set()
+    done = wait_cast_end_in(run, pi)
+    assert done[-1]["data"]["ok"] is True, done[-1]
+    assert not any(e["type"] == "turn_interrupted" for e in done), [e["type"] for e in done]
+    assert completes(run) == ["Socket-1", "Socket-2"]
+    assert len(requests_with(fake_llm, "REVIEWER-MATERIA")) == 1, "the Reviewer's turn ran more than once"
+    log = fake_llm.log()
+    first_review = min(i for i, r in enumerate(log) if "REVIEWER-MATERIA" in json.dumps(r["messages"]))
+    # (Pi runs the user's tool call with the tool scope of the turn waiting, the Reviewer's: none. The
+    # request with the call's result is the user's run going on, whatever the result says.)
+    tool_answers = [i for i, r in enumerate(log) if r["messages"][-1].get("role") == "tool"]
+    assert tool_answers, "the user's run never asked the model about its tool's result: the turn took it over"
+    assert tool_answers[0] < first_review, "the Reviewer's turn went out before the user's run answered"

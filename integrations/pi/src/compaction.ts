@@ -117,3 +117,33 @@ export function compactSession(ctx: Ctx, p: Params): Promise<CompactionSummary> 
 		}
 	});
 }
+
+/** What Pi is doing, as the extension sees it (`isIdle()` and the runs it has heard start). */
+export type PiActivity = "idle" | "compacting" | "run" | "gone";
+
+/**
+ * Waits for a compaction Pi is expected to begin once a run's settle is over -- the user's `/compact`
+ * (an RPC `compact`) aborts the run going on, waits for Pi to be idle, then compacts. Pi tells no
+ * extension that a compaction is coming: only its state shows it, `isIdle()` false with no run going
+ * on. `probe` reads that state; it is first read after a macrotask (Pi's settle handlers, then its
+ * idle wait, run before), then every `intervalMs` until `boundMs` has passed. Resolves with the first
+ * state other than `idle`, or `timeout` if Pi stayed idle for the whole bound (the caller says so: a
+ * compaction that begins later than that is one the turn no longer waits for). A bound of 0 reads
+ * the state once. Deterministic under injected `sleep`/`now` (unit tests drive both orders).
+ */
+export async function compactionBegins(
+	probe: () => PiActivity,
+	boundMs: number,
+	sleep: (ms: number) => Promise<void> = (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+	now: () => number = Date.now,
+	intervalMs = 10,
+): Promise<PiActivity | "timeout"> {
+	const deadline = now() + boundMs;
+	await sleep(0);
+	for (;;) {
+		const state = probe();
+		if (state !== "idle") return state;
+		if (now() >= deadline) return "timeout";
+		await sleep(intervalMs);
+	}
+}

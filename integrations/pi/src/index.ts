@@ -24,7 +24,7 @@ import { randomUUID } from "node:crypto";
 import { accessSync, constants, statSync } from "node:fs";
 import { VERSION, type ExtensionAPI } from "@mariozechner/pi-coding-agent";
 import { castSessionName, completesCastIds, isNothingToActOn, materiaCompletions, planIcarus, planMateria, refusedArgumentText, resultText, runPlanned, runsWhileBusy, type CastRow, type Planned } from "./commands.ts";
-import { compactSession, contextUsage } from "./compaction.ts";
+import { compactionBegins, compactSession, contextUsage, type PiActivity } from "./compaction.ts";
 import { cutText, flattenText, MAX_TURN_TEXT_BYTES, promptText, summarizeMessage, toPiCustomMessage } from "./messages.ts";
 import { BEHIND_STOPPED_MS, boundedBehind, EscWatch, escIsAStop, type FocusView, holdWhileQuitting, StillBehind, StopKeyWatch } from "./interrupt.ts";
 import { isStartLine, StderrRoute } from "./stderr.ts";
@@ -55,6 +55,10 @@ const SETTLE_WAIT_MS = 2000;
 const STOP_NEXT_TURN_MS = 3000;
 /** How long before castor stops a turn to send it again (`cast_restarted`) an Esc still counts as meant for that turn. */
 const RECENT_STOP_KEY_MS = 1000;
+/** How long a turn waits for the compaction a run Pi stopped itself is expected to make way for. */
+const COMPACTION_START_WAIT_MS = 1000;
+/** How long a turn waits for the run of a prompt Pi began to send (its `input` event) to begin. */
+const PROMPT_START_WAIT_MS = 2000;
 const HAS_SETTLED = Number.parseInt(String(VERSION).split(".")[0] ?? "0", 10) >= 1;
 const HARNESS_METHODS = [
 	"agent.run_turn",
@@ -463,6 +467,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 					const epoch = sessionEpoch;
 					log(`turn ${String(params.turn_id)} held until Pi's compaction ends`);
 					await compactionEnded();
+					await promptStarted(String(params.turn_id));
 					if (closingSession || sessionEpoch !== epoch) {
 						log(`turn ${String(params.turn_id)} not started: the session is ending`);
 						return;
@@ -590,7 +595,20 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			"sent its turn again as you stopped it: that turn is stopped too (/materia continue runs it)";
 	}
 
+	/** When a stop key last came while Pi compacted inside a run (its auto-compaction). */
+	let compactionKeyAt = 0;
+
 	function onStopKey(cause: "esc" | "abort"): void {
+		if (compacting && runUnsettled) {
+			// Pi compacts on its own inside a run (the context near full): the key goes to the
+			// compaction, as during the user's /compact. Pi's terminal cancels only the compaction; its
+			// RPC abort stops the run too. Either way no castor turn waiting for the compaction's end is
+			// stopped: one whose prompt that run was about to send is sent again when it settles (the
+			// context event). A castor turn whose own run Pi stops is stopped with it, as ever.
+			compactionKeyAt = Date.now();
+			log(`${cause === "esc" ? "Esc" : "abort"} while Pi compacts in a run: it goes to the compaction, no castor turn waiting for it is stopped`);
+			return;
+		}
 		if (!runUnsettled && piCompacting()) {
 			// Pi compacts with no run going on (the user's /compact, an RPC compact): its interrupt
 			// cancels the compaction, and only that -- the prompts Pi queued meanwhile are sent then.
@@ -628,7 +646,10 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		}
 	}
 
+	/** The extension stopped the run going on (or about to start): for castor, or at a withdrawn turn's prompt. */
+	let extensionStoppedRun = false;
 	function abortRun(ctx: Ctx): void {
+		extensionStoppedRun = true;
 		try {
 			ctx?.abort?.();
 		} catch (err) {
@@ -1024,8 +1045,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		});
 	}
 
+	/** The run about to start had its before_agent_start (see TurnTracker.bindOnAgentStart). */
+	let beforeStartSeen = false;
 	pi.on("before_agent_start", async (event: any, ctx: Ctx) => {
 		lastCtx = ctx;
+		beforeStartSeen = true;
+		extensionStoppedRun = false; // a run begins: what stopped the last one is over
+		promptStartingUntil = 0; // the prompt's run begins: Pi is busy from now on
 		const custom = event?.messageType === "custom";
 		if (custom && turns.isAbortedMessage(event.message)) {
 			// The hidden prompt of a turn castor aborted while Pi held it: stop the run before its
@@ -1120,7 +1146,8 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		runUnsettled = true;
 		runStartedAt = Date.now();
 		castorTurnAnsweredAt = 0;
-		turns.bindOnAgentStart();
+		turns.bindOnAgentStart(beforeStartSeen);
+		beforeStartSeen = false;
 	});
 
 	pi.on("context", async (event: any, ctx: Ctx) => {
@@ -1128,6 +1155,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		let messages: unknown[] = Array.isArray(event?.messages) ? event.messages : [];
 		const bound = turns.bindFromContext(messages);
 		if (bound === "aborted") abortRun(ctx); // a follow-up turn castor aborted
+		if (bound === "bound" && compactionKeyAt >= runStartedAt && runSignal(ctx)?.aborted) {
+			// The turn's prompt goes out in a run Pi stopped with the key that went to its compaction
+			// (an RPC abort while Pi compacted before sending it): it never reaches the model. It
+			// waits again and is sent again once the run settles; it was reported interrupted.
+			log(`turn ${turns.requeueUnrequested()} not started: the run was stopped by the key that cancelled Pi's compaction; it is sent again`);
+			return undefined;
+		}
 		if (bound === "bound") {
 			// A castor turn delivered inside the run going on (a follow-up): an Esc now is Pi's own to
 			// stop it; one armed for the turn a restarted cast sent again stops it before its request.
@@ -1196,10 +1230,13 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		// castor (a crashed cast's actor restarted: its turn is sent again) or by the extension (at a
 		// withdrawn turn's prompt), Pi keeps them queued for some later run: each is sent again now.
 		const userStopped = lastStopKey.at >= runStartedAt;
+		const stoppedByExtension = extensionStoppedRun;
+		extensionStoppedRun = false;
 		// A compaction the user asked for (`/compact`, an RPC `compact`) aborts the run first, and that
 		// is no Esc either: the turns are sent once Pi's settle is over, held while Pi then compacts.
 		if (aborted && !userStopped && !closingSession) {
-			const again = turns.redeliverFollowUps((turnId, sendNow) => void resendWhenPiIsFree(turnId, sendNow));
+			const piStoppedIt = !stoppedByExtension && compactionKeyAt < runStartedAt;
+			const again = turns.redeliverFollowUps((turnId, sendNow) => void resendWhenPiIsFree(turnId, sendNow, piStoppedIt));
 			if (again.length) log(`turns ${again.join(", ")} sent again: the run they waited behind was stopped by castor, the extension or a compaction, not the user`);
 		}
 		const withdrawn = aborted ? turns.withdrawFollowUps(sessionId, entryId) : [];
@@ -1319,6 +1356,47 @@ export default function castorExtension(pi: ExtensionAPI): void {
 			await new Promise((resolve) => setTimeout(resolve, 20));
 		}
 	}
+	/** Pi says it is not idle (a run, a compaction or a branch summary goes on). */
+	function piBusy(): boolean {
+		try {
+			return lastCtx?.isIdle?.() === false;
+		} catch {
+			return false; // a stale context
+		}
+	}
+	/** What Pi does now (compactionBegins). */
+	function piActivity(): PiActivity {
+		if (closingSession) return "gone";
+		if (compacting) return "compacting";
+		if (runUnsettled) return "run";
+		try {
+			return lastCtx?.isIdle?.() === false ? "compacting" : "idle";
+		} catch {
+			return "gone"; // a stale context
+		}
+	}
+	/**
+	 * A prompt Pi began to send with no run going on (its `input` event; the one the user typed during
+	 * a compaction, which Pi sends at its end) until its run begins (`before_agent_start`): Pi is idle
+	 * meanwhile, and a castor turn sent then started its own run first -- and Pi steered the user's
+	 * prompt into it, where it took the turn over. A turn waits for that run's start (then it queues
+	 * behind it), within PROMPT_START_WAIT_MS: a prompt handled or refused starts no run.
+	 */
+	let promptStartingUntil = 0;
+	pi.on("input", (event: any) => {
+		if (event?.streamingBehavior === undefined && !runUnsettled) promptStartingUntil = Date.now() + PROMPT_START_WAIT_MS;
+		return undefined; // the text goes on as typed
+	});
+	async function promptStarted(turnId: string): Promise<void> {
+		while (promptStartingUntil && !closingSession) {
+			if (Date.now() >= promptStartingUntil) {
+				promptStartingUntil = 0;
+				log(`turn ${turnId}: the prompt Pi began to send started no run within ${PROMPT_START_WAIT_MS} ms: the turn is sent now`);
+				return;
+			}
+			await new Promise((resolve) => setTimeout(resolve, 20));
+		}
+	}
 	/** Pi compacts (or summarizes a branch) with no run going on: it is not idle, and no run is. */
 	function piCompacting(): boolean {
 		if (compacting) return true;
@@ -1337,21 +1415,32 @@ export default function castorExtension(pi: ExtensionAPI): void {
 	 * turn waits for the compaction's end, as a turn castor asks for during one does. A turn castor
 	 * stopped meanwhile, or a session ending, is not sent.
 	 */
-	async function resendWhenPiIsFree(turnId: string, sendNow: () => void): Promise<void> {
+	async function resendWhenPiIsFree(turnId: string, sendNow: (busy: boolean) => void, piStoppedIt: boolean): Promise<void> {
 		const epoch = sessionEpoch;
-		// Pi's settle handlers run first, then Pi resolves its idle wait: a compaction waiting for
-		// the run to end begins within that same tick.
-		await new Promise((resolve) => setTimeout(resolve, 0));
-		if (piCompacting()) {
+		// Pi says nothing of a compaction to come; its state shows one once it has begun (not idle, no
+		// run). A run Pi stopped itself -- no key, neither castor nor the extension -- is the user's
+		// compaction's: its start is waited for, within a bound (reported when it passes). A run castor
+		// or the extension stopped expects none: Pi's state is read once, after Pi's settle.
+		const begun = await compactionBegins(piActivity, piStoppedIt ? COMPACTION_START_WAIT_MS : 0);
+		if (begun === "timeout") {
+			log(`turn ${turnId}: Pi stopped the run it waited behind and began no compaction within ` +
+				`${COMPACTION_START_WAIT_MS} ms: it is sent again now`);
+		}
+		if (begun === "compacting") {
 			log(`turn ${turnId} held until Pi's compaction ends`);
 			await compactionEnded();
 		}
+		await promptStarted(turnId);
 		if (closingSession || sessionEpoch !== epoch) {
 			log(`turn ${turnId} not started: the session is ending`);
 			return;
 		}
 		if (!turns.isWaiting(turnId)) return; // castor stopped it meanwhile
-		sendNow();
+		// A run goes on now (the prompt the user typed during the compaction, which Pi sends at its end):
+		// the turn waits behind it as a follow-up and runs once it ends, as its own turn.
+		const busy = runUnsettled || piBusy();
+		if (busy) log(`turn ${turnId} queued as a follow-up (Pi is busy)`);
+		sendNow(busy);
 	}
 	pi.on("session_before_compact", (_event: any, ctx: Ctx) => {
 		lastCtx = ctx;
@@ -1369,6 +1458,7 @@ export default function castorExtension(pi: ExtensionAPI): void {
 		lastCtx = ctx;
 		closingSession = true;
 		compacting = false;
+		promptStartingUntil = 0;
 		stopKeys?.dispose();
 		stopKeys = undefined;
 		stopPromptHeldAtStart = false;

@@ -149,6 +149,8 @@ interface Turn {
 	 * first copy in its follow-up queue: that copy, when Pi delivers it, is stopped there.
 	 */
 	heldCopy?: boolean;
+	/** Its hidden prompt went into a run that was stopped before the turn's first request: Pi holds no copy. */
+	noHeldCopy?: boolean;
 	customType: string;
 	isolate: boolean;
 	restoreTools?: string[];
@@ -327,18 +329,43 @@ export class TurnTracker {
 	 * reported interrupted, although nobody stopped them (a re-sent turn never ran). Each is sent
 	 * again to start a run of its own now; the copy Pi still holds is stopped where Pi delivers it.
 	 * `send`, when given, is handed each turn's sending to do when it chooses (the caller holds it
-	 * while Pi compacts). Returns the ids sent again.
+	 * while Pi compacts), and says then whether a run of Pi's goes on (`busy`): the turn is queued
+	 * behind it as a follow-up, as one castor asks for then -- sent plainly, Pi took it as a steer
+	 * message into that run (the user's prompt Pi sent at its compaction's end), after a tool call,
+	 * before the user's answer. Returns the ids sent again.
 	 */
-	redeliverFollowUps(send?: (turnId: string, sendNow: () => void) => void): string[] {
+	redeliverFollowUps(send?: (turnId: string, sendNow: (busy: boolean) => void) => void): string[] {
 		const waiting = this.queued.filter((t) => t.followUp && t.message);
 		for (const turn of waiting) {
 			turn.followUp = false;
-			turn.heldCopy = true;
-			const sendNow = () => this.pi.sendMessage(turn.message!, { triggerTurn: true });
+			turn.heldCopy = !turn.noHeldCopy;
+			turn.noHeldCopy = false;
+			const sendNow = (busy: boolean) => {
+				turn.followUp = busy;
+				this.pi.sendMessage(turn.message!, busy ? { triggerTurn: true, deliverAs: "followUp" } : { triggerTurn: true });
+			};
 			if (send) send(turn.turnId, sendNow);
-			else sendNow();
+			else sendNow(false);
 		}
 		return waiting.map((t) => t.turnId);
+	}
+
+	/**
+	 * The bound turn's run was stopped before the turn's first request by a key that went to Pi's
+	 * compaction (Pi's RPC abort stops the run too, its terminal's Esc only the compaction): the turn
+	 * waits again, first in line, as a follow-up of that run whose prompt Pi no longer holds -- sent
+	 * again when the run settles ({@link redeliverFollowUps}). Returns its id.
+	 */
+	requeueUnrequested(): string | undefined {
+		const turn = this.current;
+		if (!turn) return undefined;
+		this.current = undefined;
+		turn.inRun = false;
+		turn.followUp = true;
+		turn.heldCopy = false;
+		turn.noHeldCopy = true;
+		this.queued.unshift(turn);
+		return turn.turnId;
 	}
 
 	/** Whether `turnId` still waits here to start (queued, neither started, dropped nor withdrawn). */
@@ -502,10 +529,17 @@ export class TurnTracker {
 		return aborted && !answered;
 	}
 
-	/** Pi 0.73 fallback: a run that starts while a turn is queued and none is bound is that turn. */
-	bindOnAgentStart(): void {
+	/**
+	 * Pi 0.73 fallback: a run that starts while a turn is queued and none is bound is that turn.
+	 * `sawBeforeStart`: the run had its `before_agent_start` (every run of Pi 1.x; a user's prompt's
+	 * on 0.73), which binds a castor turn by its prompt -- a run it did not bind is not a castor turn's.
+	 * On Pi 1.x the user's prompt Pi sent at its compaction's end, with a turn held for that end
+	 * waiting here, was bound as that turn: its answer was taken as the turn's, and the turn was stopped.
+	 */
+	bindOnAgentStart(sawBeforeStart = false): void {
 		this.staleCut = undefined;
 		this.staleCutAnswered = false;
+		if (sawBeforeStart) return;
 		if (!this.current && this.queued.length > 0) this.current = this.queued.shift();
 	}
 

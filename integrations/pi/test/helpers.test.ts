@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { compactionSummary, entriesRemoved } from "../src/compaction.ts";
+import { compactionBegins, compactionSummary, entriesRemoved, type PiActivity } from "../src/compaction.ts";
 import { addUsage, answerFields, emptyUsage, flattenText, promptText, summarizeMessage, toPiCustomMessage } from "../src/messages.ts";
 import { listModels } from "../src/models.ts";
 import { RpcError, unwrapParams } from "../src/rpc.ts";
@@ -500,4 +500,48 @@ test("boundedBehind: a call behind one nobody waits for waits for it at most the
 	assert.equal(await boundedBehind(Promise.resolve("now"), undefined, 1), "now");
 	assert.equal(await boundedBehind(Promise.resolve("first"), never, 1000), "first");
 	await assert.rejects(boundedBehind(Promise.reject(new Error("boom")), never, 1000), /boom/);
+});
+
+/**
+ * The wait for the compaction a run Pi stopped itself makes way for (the user's /compact aborts the
+ * run, waits for Pi's idle, then compacts). Pi's order -- its settle handlers, its idle wait, the
+ * compaction's start -- cannot be moved with the real Pi, so both orders are driven here on a fake clock.
+ */
+function fakeClock() {
+	let t = 0;
+	const slept: number[] = [];
+	return {
+		now: () => t,
+		sleep: async (ms: number) => {
+			slept.push(ms);
+			t += ms;
+		},
+		slept,
+	};
+}
+
+test("compactionBegins: a compaction visible right after Pi's settle (Pi's order today)", async () => {
+	const clock = fakeClock();
+	const states: PiActivity[] = ["compacting"];
+	assert.equal(await compactionBegins(() => states.shift() ?? "idle", 1000, clock.sleep, clock.now), "compacting");
+	assert.deepEqual(clock.slept, [0], "read after a macrotask, once");
+});
+
+test("compactionBegins: a compaction that begins some polls later is still waited for (one read after a tick missed it)", async () => {
+	const clock = fakeClock();
+	const states: PiActivity[] = ["idle", "idle", "idle", "compacting"];
+	assert.equal(await compactionBegins(() => states.shift() ?? "idle", 1000, clock.sleep, clock.now), "compacting");
+	assert.ok(clock.now() < 1000);
+});
+
+test("compactionBegins: a run of Pi's own, or the session going, ends the wait; none within the bound is a timeout", async () => {
+	const clock = fakeClock();
+	assert.equal(await compactionBegins(() => "run", 1000, clock.sleep, clock.now), "run");
+	assert.equal(await compactionBegins(() => "gone", 1000, clock.sleep, clock.now), "gone");
+	const idle = fakeClock();
+	assert.equal(await compactionBegins(() => "idle", 1000, idle.sleep, idle.now), "timeout");
+	assert.ok(idle.now() >= 1000 && idle.now() < 1100, "bounded");
+	const once = fakeClock();
+	assert.equal(await compactionBegins(() => "idle", 0, once.sleep, once.now), "timeout", "a bound of 0 reads once");
+	assert.deepEqual(once.slept, [0]);
 });

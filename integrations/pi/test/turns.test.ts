@@ -484,12 +484,12 @@ test("a follow-up turn sent again can be sent later (Pi compacting): withdrawn m
 	const pi = host();
 	const turns = new TurnTracker(pi);
 	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
-	const later: Array<[string, () => void]> = [];
+	const later: Array<[string, (busy: boolean) => void]> = [];
 	assert.deepEqual(turns.redeliverFollowUps((id, sendNow) => later.push([id, sendNow])), ["t1"]);
 	assert.equal(pi.sent.filter((s) => s.message.display === false).length, 1, "not sent yet");
 	assert.deepEqual(turns.withdrawFollowUps("s", null), [], "no longer waiting behind the stopped run");
 	assert.ok(turns.isWaiting("t1"));
-	later[0]![1]();
+	later[0]![1](false);
 	const again = pi.sent.filter((s) => s.message.display === false);
 	assert.deepEqual(again[1], { message: again[0]!.message, options: { triggerTurn: true } }, "sent when the caller chose");
 	assert.ok(turns.bindFromMessage({ role: "custom", details: { castor_turn_id: "t1" } }));
@@ -499,4 +499,47 @@ test("a follow-up turn sent again can be sent later (Pi compacting): withdrawn m
 	turns.redeliverFollowUps(() => undefined);
 	turns.abort("t2");
 	assert.equal(turns.isWaiting("t2"), false);
+});
+
+test("a turn sent again while a run of Pi's goes on queues behind it as a follow-up, never as a steer message", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
+	const later: Array<(busy: boolean) => void> = [];
+	turns.redeliverFollowUps((_id, sendNow) => later.push(sendNow));
+	later[0]!(true); // the user's prompt Pi sent at its compaction's end streams
+	const hidden = pi.sent.filter((s) => s.message.display === false);
+	assert.deepEqual(hidden[1]!.options, { triggerTurn: true, deliverAs: "followUp" });
+	assert.ok(turns.isQueuedFollowUp("t1"), "waits behind that run: an Esc of it withdraws the turn");
+	// Pi delivers the copy it held first, at that run's end: the turn runs there; the copy sent again is stopped.
+	const copy = { role: "custom", details: { castor_turn_id: "t1" } };
+	assert.equal(turns.bindFromContext([{ role: "user" }, assistant("the user's answer"), copy]), "bound");
+	assert.equal(turns.bindFromContext([{ role: "user" }, assistant("the user's answer"), copy, assistant("REVIEWED"), copy]), "aborted");
+});
+
+test("a run whose before_agent_start bound no castor turn is not a waiting turn's (Pi 1.x); without one it is (Pi 0.73)", async () => {
+	const turns = new TurnTracker(host());
+	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
+	turns.redeliverFollowUps(() => undefined); // held until Pi's compaction ends
+	turns.bindOnAgentStart(true); // the user's prompt Pi sent at the compaction's end
+	assert.equal(turns.active?.turnId, undefined, "the user's run was taken for the held turn");
+	assert.ok(turns.isWaiting("t1"));
+	turns.bindOnAgentStart(false); // Pi 0.73: a castor turn's run has no before_agent_start
+	assert.equal(turns.active?.turnId, "t1");
+});
+
+test("a turn whose run was stopped before its request by the key meant for Pi's compaction waits again, and is sent again once", async () => {
+	const pi = host();
+	const turns = new TurnTracker(pi);
+	await turns.dispatch({ turn_id: "t1", prompt: "P1" }, busy);
+	const copy = { role: "custom", details: { castor_turn_id: "t1" } };
+	assert.equal(turns.bindFromContext([{ role: "user" }, assistant("the user's answer"), copy]), "bound");
+	assert.equal(turns.requeueUnrequested(), "t1");
+	assert.equal(turns.active?.turnId, undefined);
+	assert.equal(turns.settle("s", true, null), undefined, "no end reported for it");
+	assert.deepEqual(turns.redeliverFollowUps(), ["t1"], "sent again as the run settles");
+	assert.deepEqual(turns.withdrawFollowUps("s", null), []);
+	// Pi holds no copy of it: its prompt sent again is bound and runs, never cut as a held copy.
+	assert.ok(turns.bindFromMessage(copy));
+	assert.equal(turns.bindFromContext([copy, assistant("", "aborted"), copy]), undefined);
 });
