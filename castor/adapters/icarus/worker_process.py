@@ -945,6 +945,7 @@ def _poll_ms(remaining: float | None) -> int:
 #: A request line as the C encoder writes the request object (its keys in this order, its
 #: separators) around the arguments' own JSON: formatted, not encoded as a dict, it costs about
 #: half (each of the object's five keys and two names was a string the encoder made and joined).
+#: Its head is kept per target (:func:`_head`), the two names quoted once.
 _REQUEST_LINE = '{"id": %d, "module": %s, "function": %s, "args": %s, "kwargs": %s}\n'
 _QUOTE = json.encoder.encode_basestring_ascii
 #: From this length on a string is checked for characters JSON escapes before it is encoded: the
@@ -987,6 +988,21 @@ def _long_strings(args: list[Any], kwargs: dict[str, Any]) -> bool:
     return False
 
 
+#: A request line's head up to its arguments (``{"id": %d, "module": ..., "function": ..., "args": ``),
+#: per (module, function): the two names quoted once, not on every call. A handful of entries (the
+#: backend calls castor makes); past the bound a head is formatted and not kept.
+_HEADS: dict[tuple[str, str], str] = {}
+_HEADS_KEPT = 64
+
+
+def _head(module: str, function: str) -> str:
+    head = '{"id": %%d, "module": %s, "function": %s, "args": ' % (
+        _QUOTE(module).replace("%", "%%"), _QUOTE(function).replace("%", "%%"))
+    if len(_HEADS) < _HEADS_KEPT:
+        _HEADS[module, function] = head
+    return head
+
+
 def _encode_request(request_id: int, module: str, function: str, args: Any, kwargs: Any) -> bytes:
     """One request line (ASCII JSON). Arguments JSON cannot carry (NaN, infinity, a cycle) are
     the caller's error, raised before anything is sent: ``InvalidParams``."""
@@ -995,10 +1011,19 @@ def _encode_request(request_id: int, module: str, function: str, args: Any, kwar
     try:
         if _C_ENCODER is not None:
             encoder = _C_ENCODER
-            if _C_ENCODER_LONG is not None and _long_strings(args, kwargs):
-                encoder = _C_ENCODER_LONG
-            line = _REQUEST_LINE % (request_id, _QUOTE(module), _QUOTE(function), "".join(encoder(args, 0)),
-                                    "".join(encoder(kwargs, 0)) if kwargs else "{}")
+            if _C_ENCODER_LONG is not None:
+                # _long_strings, inline for the commonest shapes (a tool's one params dict, no
+                # keyword arguments; a hook's keyword arguments): the look costs every call.
+                if not kwargs and len(args) == 1 and type(args[0]) is dict:
+                    for item in args[0].values():
+                        if type(item) is str and len(item) >= _LONG_STRING:
+                            encoder = _C_ENCODER_LONG
+                            break
+                elif _long_strings(args, kwargs):
+                    encoder = _C_ENCODER_LONG
+            head = _HEADS.get((module, function)) or _head(module, function)
+            line = (head % request_id + "".join(encoder(args, 0))
+                    + (", \"kwargs\": " + "".join(encoder(kwargs, 0)) + "}\n" if kwargs else ', "kwargs": {}}\n'))
         else:
             line = _ENCODER.encode({"id": request_id, "module": module, "function": function, "args": args,
                                     "kwargs": kwargs}) + "\n"
