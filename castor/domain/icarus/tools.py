@@ -238,7 +238,30 @@ def _check_value(name: str, value: Any, schema: dict[str, Any]) -> None:
                                                                                  "param": name})
 
 
+#: Per tool, its parameters whose schema is a plain string (no enum, no bound) and its required
+#: ones: params that are all such strings, the required ones among them, pass _check_schema's
+#: general loop unchanged, so they are taken without it (a tool call's commonest params).
+_PLAIN_STRINGS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    spec.name: (frozenset(name for name, schema in spec.parameters["properties"].items()
+                          if schema.get("type") == "string" and not {"enum", "minimum", "maximum"} & schema.keys()),
+                tuple(spec.parameters["required"]))
+    for spec in TOOLS_BY_NAME.values()
+}
+
+
 def _check_schema(spec: ToolSpec, params: dict[str, Any]) -> None:
+    plain = _PLAIN_STRINGS.get(spec.name)
+    if plain is not None:
+        strings, required = plain
+        for name, value in params.items():
+            if type(value) is not str or name not in strings:
+                break
+        else:
+            for name in required:
+                if name not in params:
+                    break
+            else:
+                return
     properties = spec.parameters["properties"]
     for name in spec.parameters["required"]:
         if name not in params or params[name] is None:

@@ -124,3 +124,42 @@ def test_config_tool_is_local_and_read_only():
     assert inspection.details["package"] == "pi-icarus-hook"
     assert config_tool_result({"bogus": 1}, settings()).is_error
     assert config_tool_result({"schemaOnly": "yes"}, settings()).is_error
+
+
+@pytest.mark.timeout(30)
+def test_params_of_plain_strings_taken_without_the_general_loop_are_what_it_takes():
+    """``_check_schema`` takes params that are all plain-string parameters (the required ones
+    among them) without its general loop: over every tool and params that are and are not such,
+    its outcome is the general loop's (the same error, or none, and the same params after)."""
+    from castor.domain.icarus import tools as t
+
+    def general(spec, params):
+        saved = t._PLAIN_STRINGS.pop(spec.name)
+        try:
+            t._check_schema(spec, params)
+            return "ok", params
+        except t.ToolValidationError as exc:
+            return exc.message, exc.data
+        finally:
+            t._PLAIN_STRINGS[spec.name] = saved
+
+    def fast(spec, params):
+        try:
+            t._check_schema(spec, params)
+            return "ok", params
+        except t.ToolValidationError as exc:
+            return exc.message, exc.data
+
+    taken = 0
+    for spec in t.TOOLS_BY_NAME.values():
+        names = list(spec.parameters["properties"])
+        samples: list[dict] = [{}, {"nope": "x"}, {name: "x" for name in names}, {name: None for name in names},
+                               {name: 5 for name in names}, {name: 5.0 for name in names}]
+        samples += [{name: "x"} for name in names] + [{name: True} for name in names]
+        samples += [{**{name: "x" for name in names}, "extra": "x"}]
+        for params in samples:
+            assert fast(spec, dict(params)) == general(spec, dict(params)), (spec.name, params)
+            if set(t._PLAIN_STRINGS[spec.name][1]) <= params.keys() and all(
+                    type(v) is str and k in t._PLAIN_STRINGS[spec.name][0] for k, v in params.items()):
+                taken += 1
+    assert taken > 10  # the fast path was taken, not only the general one
