@@ -252,6 +252,8 @@ class UsageReport(BaseModel):
             if value is not getattr(self, name) and value != getattr(self, name):
                 update[name] = value
 
+        grown: list[tuple[str, str]] = []  # tables grown by an entry at a new key (it goes last)
+
         def bump(name: str, key: str) -> None:
             cur = getattr(self, name).get(key)
             if nothing and cur is not None:
@@ -260,6 +262,8 @@ class UsageReport(BaseModel):
             table[key] = usage if cur is None else TurnUsage(tokens=cur.tokens.plus(usage.tokens),
                                                              cost=cur.cost.plus(usage.cost))
             update[name] = table
+            if cur is None:
+                grown.append((name, key))
 
         bump("bySocket", record.socket)
         if record.materia:
@@ -272,7 +276,10 @@ class UsageReport(BaseModel):
                 update[name] = getattr(record, name)
         if record.thinking is not None:
             update["thinkingLevel"] = record.thinking
-        return self._updated(update)
+        out = self._updated(update)
+        if grown:
+            _grow_table_texts(self, out, grown)
+        return out
 
     def _updated(self, update: dict[str, Any]) -> UsageReport:
         """``self.model_copy(update=update)`` (a shallow copy, ``update`` unvalidated, its fields
@@ -447,6 +454,38 @@ def _table_text(name: str, table: dict[str, TurnUsage], form: str) -> Any:
                                f"{derived(value, _INDENTED, functools.partial(_indented_usage, value))}"
                                for key, value in table.items())
     return f'  "{name}": {{\n{entries_text}\n  }}'
+
+
+def _grow_table_texts(parent: UsageReport, report: UsageReport, grown: list[tuple[str, str]]) -> None:
+    """The texts of ``report``'s tables that grew by one entry at a new key (the entry last, as a
+    dict keeps insertion order) made from ``parent``'s texts of them with the entry's text added,
+    in each form ``parent`` has one, instead of joined again from every entry at the next
+    rendering: what :func:`_table_text` joins for the whole table, byte for byte. Nothing more is
+    kept than before (a report keeps its tables' texts once rendered); no escape is kept."""
+    leading = known(parent, _BEFORE_TEXTS)
+    if not leading:
+        return
+    texts: dict[tuple[str, str], Any] | None = None
+    for name, key in grown:
+        value = getattr(report, name)[key]
+        compact = leading.get((_COMPACT, name))
+        indented = leading.get((_INDENTED, name))
+        if compact is None and indented is None:
+            continue
+        if texts is None:
+            texts = derived(report, _BEFORE_TEXTS, dict)
+        if compact is not None:
+            entry = b"".join((_key_text(key), b":", derived(value, _COMPACT, functools.partial(
+                _TURN_USAGE_SERIALIZER.to_json, value))))
+            # '"name":{}' or '"name":{...}': the entry before the closing brace, after a comma if any
+            texts[_COMPACT, name] = b"".join((compact[:-1], b"," if compact[-2:] != b"{}" else b"", entry, b"}"))
+        if indented is not None:
+            entry_text = (f"    {_key_text(key).decode()}: "
+                          f"{derived(value, _INDENTED, functools.partial(_indented_usage, value))}")
+            if indented.endswith("{}"):  # '  "name": {}'
+                texts[_INDENTED, name] = f'  "{name}": {{\n{entry_text}\n  }}'
+            else:  # '  "name": {\n<entries>\n  }'
+                texts[_INDENTED, name] = "".join((indented[:-4], ",\n", entry_text, "\n  }"))
 
 
 def _indented_usage(usage: TurnUsage) -> str:

@@ -179,6 +179,33 @@ def test_the_leading_fields_are_rendered_again_only_when_a_new_report_changes_th
     assert report.costKind == "subscription" and "costKind" in report.model_fields_set
 
 
+def test_a_table_grown_at_a_new_key_is_its_parents_text_with_the_entry_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn at a new socket, materia, task or attempt adds its entry last to each such table: the
+    new report's text of that table is its parent's with the entry's text added, in both layouts,
+    not joined again from every entry -- and still pydantic's own, from an empty table on, for a
+    turn that counted nothing and one that counted, odd keys included."""
+    joined: list[str] = []
+    table_text = budget._table_text
+    monkeypatch.setattr(budget, "_table_text",
+                        lambda name, table, form: joined.append(name) or table_text(name, table, form))
+    report = UsageReport()
+    assert_same_texts(report)
+    joined.clear()
+    nothing = budget.NO_AMOUNTS
+    for n, key in enumerate(["a", ODD, "é ✓", "d"]):
+        counted = n % 2 == 1
+        rec = TurnRecord(socket=f"s{key}", materia=f"m{key}", taskId=f"t{key}", attempt=n + 1,
+                         tokens=Amounts(input=n, total=n) if counted else nothing,
+                         cost=Amounts(total=0.5) if counted else nothing)
+        report = report.add_turn(rec)
+        assert_same_texts(report)
+    assert joined == []
+    # an entry there already changes: its table is joined again (its text is not its parent's)
+    report = report.add_turn(TurnRecord(socket="sa", tokens=Amounts(input=1, total=1), cost=Amounts()))
+    assert_same_texts(report)
+    assert sorted(set(joined)) == ["bySocket"]
+
+
 def test_a_report_marked_estimated_is_pydantics_copy_and_renders_no_item_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """``estimated()`` (a turn with no usage, the engine's) gives what ``model_copy`` gives -- every
     field, the set of given fields, both texts -- and starts from its parent's item texts."""
