@@ -44,6 +44,7 @@ def leaks(haystack: str, secrets: list[str]) -> list[str]:
 @pytest.fixture
 def castor_log() -> Iterator[list[str]]:
     lines: list[str] = []
+    logger.enable("castor")  # as a program that reads castor's log does (a library's lines are off until then)
     sink = logger.add(lambda message: lines.append(str(message)), level="DEBUG", backtrace=False, diagnose=False,
                       format="{time} {level} {name}:{function} {message} | {extra}\n{exception}")
     yield lines

@@ -84,6 +84,7 @@ class DiskFault:
 def crashes():
     """Every "actor crashed" log record while the test runs."""
     seen: list[str] = []
+    logger.enable("castor")  # as a program that reads castor's log does (a library's lines are off until then)
     sink = logger.add(lambda m: seen.append(m.record["extra"].get("actor", "?")),
                       filter=lambda r: "actor crashed" in r["message"], level="ERROR")
     yield seen
@@ -524,6 +525,7 @@ def test_internal_always_carries_an_error_id_that_is_in_the_log(raised):
 
     dispatcher.register("test.broken", broken)
     logged: list[dict] = []
+    logger.enable("castor")  # as a program that reads castor's log does (a test before may have turned it off)
     sink = logger.add(lambda m: logged.append(dict(m.record["extra"])), level="ERROR")
     try:
         with pytest.raises(CastorError) as answered:
