@@ -242,8 +242,10 @@ class CastStorage(Protocol):
         """Remove a cast directory that holds no saved state; True if it was removed."""
         ...
 
-    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False) -> CastHold | None:
-        """This runtime's lease on the cast, or None when a live runtime holds it."""
+    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False,
+                  fresh: bool = False) -> CastHold | None:
+        """This runtime's lease on the cast, or None when a live runtime holds it. ``fresh``: the
+        cast's run directory was just made by ``allocate_cast_id`` (private from its creation)."""
         ...
 
     def lease_held(self, artifact_root: Path, cast_id: str) -> bool:

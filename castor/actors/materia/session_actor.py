@@ -328,7 +328,7 @@ class SessionActor(Actor):
                 data={**error.data, "verb": message.verb, "artifact_root": shown.data["path"]}) from None
         held_since = time.time()
         try:
-            lease = self.storage.try_lease(root, cast_id, root_resolved=True)
+            lease = self.storage.try_lease(root, cast_id, root_resolved=True, fresh=True)  # made 0700 just now
             if lease is None:  # cannot happen for a fresh id unless someone races us on purpose
                 raise Conflict(f"cast {cast_id} is held by another runtime", data={"cast_id": cast_id})
             if cli_note is not None:

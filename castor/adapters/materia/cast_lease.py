@@ -10,7 +10,8 @@ Guarantees
 - The kernel drops the lease when its holder dies — ``kill -9`` included — so an
   *active* cast whose lease is free was orphaned by a dead runtime and may be resumed.
 - A run directory castor's user owns is kept to that user when its lease is taken
-  (:func:`keep_run_dir_private`: one an older castor or pi-materia left ``0755`` becomes ``0700``).
+  (:func:`keep_run_dir_private`: one an older castor or pi-materia left ``0755`` becomes ``0700``);
+  a new cast's, made ``0700`` by its allocation a moment before, is not looked at again (``fresh``).
 - ``release()`` is idempotent. The lock file is never deleted (deleting it would let
   two holders lock two different inodes).
 
@@ -135,8 +136,13 @@ class CastLease:
 
     @classmethod
     def try_acquire(cls, artifact_root: str | os.PathLike[str], cast_id: str, *,
-                    root_resolved: bool = False) -> CastLease | None:
-        """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``)."""
+                    root_resolved: bool = False, fresh: bool = False) -> CastLease | None:
+        """``root_resolved``: ``artifact_root`` is already symlink-resolved (``Runtime.artifact_root_for``).
+        ``fresh``: the run directory is one this process has just made (``allocate_cast_id``: an
+        exclusive ``mkdir`` with mode ``0700``, which a umask can only narrow), so it is private from
+        its creation and :func:`keep_run_dir_private` has nothing to do (its open, ``fstat`` and
+        close are skipped); everything else -- the containment walk, ``O_NOFOLLOW``, the lock -- is
+        the same."""
         run_dir = ConfinedRoot(artifact_root, resolved=root_resolved).join_text(validate_cast_id(cast_id))
         path = f"{run_dir}/{LEASE_FILE}"
         # O_NOFOLLOW: a link planted in its place would open (O_CREAT: create) a file outside the
@@ -155,6 +161,8 @@ class CastLease:
         except BaseException:
             os.close(fd)
             raise
+        if fresh:
+            return cls(path, fd)
         try:
             keep_run_dir_private(run_dir)
         except BaseException:

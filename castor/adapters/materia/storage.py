@@ -77,8 +77,9 @@ class FileCastStorage:
         forget_allocated(artifact_root, cast_id)
         return discard_unsaved(artifact_root, cast_id)
 
-    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False) -> CastLease | None:
-        return CastLease.try_acquire(artifact_root, cast_id, root_resolved=root_resolved)
+    def try_lease(self, artifact_root: Path, cast_id: str, *, root_resolved: bool = False,
+                  fresh: bool = False) -> CastLease | None:
+        return CastLease.try_acquire(artifact_root, cast_id, root_resolved=root_resolved, fresh=fresh)
 
     def lease_held(self, artifact_root: Path, cast_id: str) -> bool:
         return CastLease.is_held(artifact_root, cast_id)

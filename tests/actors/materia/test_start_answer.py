@@ -5,6 +5,8 @@ the user performs it before answering, as before."""
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,27 @@ def test_a_start_s_abort_watch_begins_on_the_cast_s_thread_and_an_early_request_
     assert watched and threading.get_ident() not in watched, "the abort watch began on the starter's thread"
     view = wait_status(rt, "s1", started["cast_id"])
     assert view["status"] == "aborted", view
+
+
+@pytest.mark.timeout(60)
+def test_a_start_s_run_directory_is_private_from_its_mkdir_and_not_looked_at_again_for_its_mode(
+        runtime_factory, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run directory a start allocates is made ``0700`` by its ``mkdir`` (a umask only narrows
+    it), so taking its lease does not open it again to tighten its mode; a lease on a directory
+    castor did not just make still does (``tests/security/test_old_run_dirs_made_private.py``)."""
+    from castor.adapters.materia import cast_lease
+
+    looked: list[str] = []
+    real = cast_lease.keep_run_dir_private
+    monkeypatch.setattr(cast_lease, "keep_run_dir_private", lambda run_dir: (looked.append(run_dir), real(run_dir)))
+    old_umask = os.umask(0o022)
+    try:
+        rt = runtime_factory()
+        open_session(rt, "s1", project, ["hi"])
+        started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    finally:
+        os.umask(old_umask)
+    run_dir = Path(started["run_dir"])
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert looked == [], looked
+    assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
