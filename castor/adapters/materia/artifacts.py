@@ -210,29 +210,45 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
     and reconciles, as after any directory made by someone else. Never called: the same.
     """
     root = os.fspath(artifact_root)
-    try:
-        if not os.path.isdir(root):
-            make_private_dir(root)  # its index (each request's head) is the user's alone
-    except (FileExistsError, NotADirectoryError):
-        raise Conflict(f"the artifact directory {root} is not a directory",
-                       data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
     confined = ConfinedRoot(root, resolved=root_resolved)
     base = _timestamp_id(now)
-    index = cast_index.open_index(confined.text)  # made before the root's "before" signature is taken
-    for n in range(10_000):
+    # The root made (private) if missing and the index's file made, both before the root's "before"
+    # signature is taken (their creation moves it). A root whose index this process has open was
+    # there already: its first mkdir tells whether it still is (ENOENT, ENOTDIR: made or refused
+    # then, and the mkdir tried again), with no stat before, and the index's file is not checked
+    # here: the row is written through open_index (below), which sees a file deleted meanwhile.
+    root_checked = cast_index.opened(confined.text) is None
+    if root_checked:
+        _artifact_root_made(root)
+        cast_index.open_index(confined.text)
+    # The new directory's path is the root's text and one name castor makes (a timestamp, checked
+    # here): no containment walk before the mkdir, which never follows a link in its place (a link
+    # or anything else there is EEXIST: the next name is tried).
+    prefix = confined.text.rstrip("/")
+    n = 0
+    while n < 10_000:
         candidate = base if n == 0 else f"{base}-{n}"
+        made = f"{prefix}/{confined.check(candidate)}"
         before = cast_index.root_signature(confined.text)
         try:
-            make_dir(confined.join_text(candidate), PRIVATE_DIR_MODE)  # its files are the user's alone
+            make_dir(made, PRIVATE_DIR_MODE)  # its files are the user's alone
         except FileExistsError:
+            n += 1
             continue
+        except (FileNotFoundError, NotADirectoryError):
+            if root_checked:
+                raise
+            root_checked = True
+            _artifact_root_made(root)
+            cast_index.open_index(confined.text)
+            continue  # the same name again, in the root made now
         try:
             fsync_dir(root)
         except OSError:
             # Made but not durable (a failing device, a full thin volume): the start fails, so its
             # directory is taken back rather than left empty, to list as unreadable.
             try:
-                os.rmdir(confined.join_text(candidate))
+                os.rmdir(made)
             except OSError:
                 pass
             raise
@@ -245,13 +261,22 @@ def allocate_unindexed(artifact_root: str | os.PathLike[str], *, now: datetime |
                    row: cast_index.IndexRow = row) -> None:
             index.moved(before, after, insert=row, keep_existing=True, soon=True)
 
-        def index_row(text: str = confined.text, index: cast_index.CastIndex | None = index) -> None:
-            # The index opened above (not looked up again), unless it was closed since: then looked up.
-            usable = index if index is not None and not index.closed else None
-            cast_index.best_effort(text, record, index=usable)
+        def index_row(text: str = confined.text) -> None:
+            cast_index.best_effort(text, record)  # a start writes it on the cast's thread (index_later)
 
         return candidate, index_row
     raise CastorError(f"could not allocate a cast id under {root}", data={"base": base})
+
+
+def _artifact_root_made(root: str) -> None:
+    """The artifact root made (private: its index holds each request's head) if it is missing;
+    ``Conflict`` if something else is in its place."""
+    try:
+        if not os.path.isdir(root):
+            make_private_dir(root)
+    except (FileExistsError, NotADirectoryError):
+        raise Conflict(f"the artifact directory {root} is not a directory",
+                       data={"reason": "artifact_root_not_a_directory", "path": str(root)}) from None
 
 
 # A start's index rows not written yet (``allocate_cast_id(..., index_later=True)``): run directory
@@ -413,13 +438,16 @@ class CastArtifacts:
     USAGE = "usage.json"
     EVENTS = "events.jsonl"
 
-    def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str, *, root_resolved: bool = False) -> None:
-        """``root_resolved``: ``artifact_root`` is already symlink-resolved (a store passes its own)."""
+    def __init__(self, artifact_root: str | os.PathLike[str], cast_id: str, *, root_resolved: bool = False,
+                 run_dir: str | None = None) -> None:
+        """``root_resolved``: ``artifact_root`` is already symlink-resolved (a store passes its own).
+        ``run_dir``: the run directory as the root's containment walk gave it a moment before (a
+        store's claim of the cast, on the same thread): not walked again."""
         self.cast_id = validate_cast_id(cast_id)
         root = ConfinedRoot(artifact_root, resolved=root_resolved)
         # The run dir, resolved once: join_text answers with a symlink-free or resolved path.
         # Plain strings here (a cast's start makes one of these); the Path views are made on demand.
-        self._run_prefix = root.join_text(self.cast_id)
+        self._run_prefix = run_dir if run_dir is not None else root.join_text(self.cast_id)
         self._artifact_root_text = root.text
         self._lock = _lock_for(self._run_prefix)
         self._root = ConfinedRoot(self._run_prefix, resolved=True)

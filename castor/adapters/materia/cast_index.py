@@ -408,6 +408,15 @@ _OPEN: OrderedDict[str, CastIndex] = OrderedDict()
 _OPEN_GUARD = threading.Lock()
 
 
+def opened(root: str) -> CastIndex | None:
+    """The index :func:`open_index` keeps open for ``root`` in this process, if any, without its
+    file's check (one ``stat``): what tells a caller that the database file exists already (it
+    was made when first opened). Writers look it up with :func:`open_index`, which sees a file
+    deleted meanwhile."""
+    with _OPEN_GUARD:
+        return _OPEN.get(root)
+
+
 def open_index(root: str, *, create: bool = True) -> CastIndex | None:
     """The index of ``root`` (resolved), opened once per process (LRU of :data:`MAX_OPEN`); None
     if it cannot be used here. A corrupt database is deleted and made again (``fresh``)."""

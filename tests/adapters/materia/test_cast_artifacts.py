@@ -244,3 +244,36 @@ def test_a_manifest_appended_to_keeps_castor_s_layout_byte_for_byte(cast):
     cast.add_manifest_entries([{"kind": "last", "timestamp": 2}])
     entries += [{"kind": "other", "timestamp": 1}, {"kind": "last", "timestamp": 2}]
     assert cast.path("manifest.json").read_bytes() == whole(meta, entries)
+
+
+@pytest.mark.timeout(30)
+def test_an_allocation_never_makes_its_directory_through_a_link_at_its_name(tmp_path):
+    """The new run directory's ``mkdir`` is made at the root's own name for it: a link planted
+    there (even a dangling one whose target is inside the root) is ``EEXIST``, and the next name is
+    taken; nothing is made where the link leads."""
+    now = datetime(2026, 5, 12, 19, 40, 40, 605000, tzinfo=UTC)
+    (tmp_path / "2026-05-12T19-40-40-605Z").symlink_to(tmp_path / "elsewhere")
+    assert allocate_cast_id(tmp_path, now=now) == "2026-05-12T19-40-40-605Z-1"
+    assert not (tmp_path / "elsewhere").exists() and (tmp_path / "2026-05-12T19-40-40-605Z").is_symlink()
+    assert (tmp_path / "2026-05-12T19-40-40-605Z-1").is_dir()
+
+
+@pytest.mark.timeout(30)
+def test_an_artifact_root_removed_or_replaced_after_a_first_allocation_is_made_again_or_refused(tmp_path):
+    """A root whose index this process has open is not looked at before the mkdir: the mkdir says
+    it is gone (made again, private) or not a directory (refused, as before)."""
+    import os
+    import shutil
+    import stat
+
+    root = tmp_path / "artifacts"
+    first = allocate_cast_id(root)
+    assert (root / first).is_dir()
+    shutil.rmtree(root)
+    again = allocate_cast_id(root)
+    assert (root / again).is_dir() and stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    shutil.rmtree(root)
+    root.write_text("a file")
+    with pytest.raises(Conflict) as refused:
+        allocate_cast_id(root)
+    assert refused.value.data["reason"] == "artifact_root_not_a_directory"

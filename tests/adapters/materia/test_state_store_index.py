@@ -430,3 +430,17 @@ def test_a_cast_s_row_is_left_to_the_thread_writing_the_index_and_a_read_sees_it
     writer.join(30)
     assert index.ids() == {"c1"}
     assert index.count() == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_row_written_later_goes_to_an_index_file_made_again_if_it_was_deleted_meanwhile(tmp_path):
+    """The start's allocation takes the index this process has open without checking its file;
+    the row, written later, looks the index up (and sees the file deleted meanwhile): it lands in
+    the index made again, not in the deleted file."""
+    from castor.adapters.materia.artifacts import allocate_cast_id_indexed_later, index_allocated
+
+    allocate_cast_id(tmp_path)  # the index opened, and kept open by this process
+    new = allocate_cast_id_indexed_later(tmp_path)
+    cast_index.remove_database(str(tmp_path))
+    index_allocated(tmp_path, new)
+    assert _stored_rows(tmp_path).get(new) == "active"
