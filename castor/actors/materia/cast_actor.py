@@ -399,11 +399,12 @@ class CastActor(Actor):
     def _start(self) -> None:
         env = self.env
         self.store: CastStore = env.storage.store(env.artifact_root, resolved=True)
-        self.artifacts: CastFiles = self.store.artifacts(env.cast_id)
         # A new cast's first incarnation claims without a fence write (its first save makes the
         # document); any later one outranks every earlier incarnation of this process.
         self.fence, stored = self.store.claim_loaded(env.cast_id, at_least=self.incarnation,
                                                      fresh=env.start_event is not None and self.incarnation == 1)
+        # After the claim: a new cast's files take the run directory its claim just looked at.
+        self.artifacts: CastFiles = self.store.artifacts(env.cast_id)
         if stored.revision == 0:
             if env.start_event is None:
                 raise NotFound(f"no persisted state for cast {env.cast_id}", data={"cast_id": env.cast_id})

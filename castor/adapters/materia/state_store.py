@@ -351,6 +351,8 @@ class CastStateStore:
         # wrote: a save whose file still has that signature knows its header without reading it.
         self._written: dict[str, tuple[tuple[int, int, int, int], int, int]] = {}
         self._indexed: dict[str, tuple[Any, ...]] = {}  # cast id -> the summary key this store last indexed
+        # (cast id, its run directory) as the last claim's walk found it: artifacts() takes it once
+        self._claimed: tuple[str, str] | None = None
 
     @property
     def root(self) -> ConfinedRoot:
@@ -367,8 +369,12 @@ class CastStateStore:
         return Path(self._root.join_text(f"{validate_cast_id(cast_id)}/{STATE_FILE}"))
 
     def artifacts(self, cast_id: str) -> CastArtifacts:
-        """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root."""
-        return CastArtifacts(self._root.text, cast_id, root_resolved=True)
+        """The :class:`CastArtifacts` of ``cast_id`` under this store's (already resolved) root. Asked
+        right after this store's claim of the cast (a CastActor's start), its run directory is the
+        one the claim's walk found, not walked again."""
+        claimed, self._claimed = self._claimed, None
+        return CastArtifacts(self._root.text, cast_id, root_resolved=True,
+                             run_dir=claimed[1] if claimed is not None and claimed[0] == cast_id else None)
 
     def _locked(self, cast_id: str) -> tuple[threading.Lock, str, str, str]:
         # Resolved, created and locked once per store and cast: a save is on every transition.
@@ -395,6 +401,29 @@ class CastStateStore:
             # the run directory's text too: a save checks it for a link every time
             entry = self._locks[cast_id] = (_thread_lock(path), f"{run_dir}/{LOCK_FILE}", path, run_dir)
         return entry
+
+    def _fresh_locked(self, cast_id: str) -> bool:
+        """:meth:`_locked`'s entry for a new cast, made when its run directory is a directory (not
+        a link) and holds no state file: True then. The same two ``lstat`` s the containment walk
+        makes (the run directory, then the state file), each also telling what ``_locked``'s
+        ``isdir`` and the fresh claim's ``lexists`` asked again; the same texts (the walk's
+        spelling). Anything else there (a link, a file, a state already, an error) is False: the
+        general path looks and decides, as before."""
+        run_dir = f"{self._root.text.rstrip('/')}/{validate_cast_id(cast_id)}"
+        try:
+            if not stat.S_ISDIR(os.lstat(run_dir).st_mode):
+                return False
+        except OSError:
+            return False
+        path = f"{run_dir}/{STATE_FILE}"
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            self._locks[cast_id] = (_thread_lock(path), f"{run_dir}/{LOCK_FILE}", path, run_dir)
+            return True
+        except OSError:
+            return False
+        return False
 
     # -- reads ---------------------------------------------------------------
 
@@ -468,6 +497,14 @@ class CastStateStore:
         the first save (still active) writes no index row.
         """
         self._written.pop(cast_id, None)
+        self._claimed = None
+        if fresh and cast_id not in self._locks and self._fresh_locked(cast_id):
+            # The run directory there (no link) and no state in it (two lstats: see _fresh_locked)
+            self._claimed = (cast_id, self._locks[cast_id][3])
+            self._indexed[cast_id] = _ALLOCATED_ROW_KEY
+            first = max(1, at_least)
+            return first, StoredState(cast_id=cast_id, revision=0, incarnation=first, saved_at=iso_now_ms(),
+                                      state={})
         tlock, lock_path, path_text, _ = self._locked(cast_id)
         if fresh and not os.path.lexists(path_text):
             # Nothing to fence and nothing to read, so no lock either: the first save takes the

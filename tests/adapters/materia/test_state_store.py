@@ -236,3 +236,35 @@ def test_fence_is_read_from_the_header_and_any_other_layout_still_fences(tmp_pat
     path.write_text('{"format":1, "castId": "' + CAST + '", "revision": 3, "incarnation"')  # torn
     with pytest.raises(StateCorrupt):
         store.save_encoded(CAST, "{}", incarnation=7)
+
+
+@pytest.mark.timeout(30)
+def test_a_fresh_claim_of_an_allocated_run_directory_looks_at_it_and_its_state_file_once_each(
+        tmp_path, monkeypatch):
+    """A start's claim (fresh) of the run directory its allocation just made: one ``lstat`` of the
+    directory and one of its state file -- what the containment walk looks at -- and no second look
+    (``isdir``, ``lexists``, the cast's files walking to the same directory); its first save then
+    writes there. A state file already there (a
+    writer got in first) is claimed as any stored document is."""
+    from castor.adapters.materia import state_store
+
+    (tmp_path / CAST).mkdir(mode=0o700)
+    store = CastStateStore(tmp_path)
+    looked: list[str] = []
+    real_lstat = os.lstat
+    monkeypatch.setattr(state_store.os, "lstat", lambda path, *a, **k: (looked.append(str(path)),
+                                                                           real_lstat(path, *a, **k))[1])
+    monkeypatch.setattr(state_store.os.path, "isdir", lambda path: pytest.fail(f"isdir({path})"))
+    monkeypatch.setattr(state_store.os.path, "lexists", lambda path: pytest.fail(f"lexists({path})"))
+    first, stored = store.claim_loaded(CAST, at_least=1, fresh=True)
+    assert (first, stored.revision, stored.state) == (1, 0, {})
+    assert looked == [f"{tmp_path}/{CAST}", f"{tmp_path}/{CAST}/state.json"]
+    files = store.artifacts(CAST)  # the cast's files, asked right after its claim: no walk again
+    assert looked == [f"{tmp_path}/{CAST}", f"{tmp_path}/{CAST}/state.json"]
+    assert str(files.run_dir) == f"{tmp_path}/{CAST}"
+    monkeypatch.undo()
+    assert store.save(CAST, {"owner": "first"}, incarnation=first).revision == 1
+    assert store.load(CAST).state == {"owner": "first"}
+    other = CastStateStore(tmp_path)  # another store's fresh claim meets the saved state: a usual claim
+    again, stored = other.claim_loaded(CAST, at_least=1, fresh=True)
+    assert again == 2 and stored.state == {"owner": "first"} and other.load(CAST).incarnation == 2
