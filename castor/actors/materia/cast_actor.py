@@ -790,7 +790,9 @@ class CastActor(Actor):
         """Perform a saved transition's effects: its files batched, then the others in order."""
         try:
             self._perform_files(files)
-        except (OSError, StateCorrupt, Forbidden) as exc:  # the disk, or an artifact damaged (a manifest not JSON)
+        except (OSError, StateCorrupt, Forbidden, NotFound) as exc:
+            # the disk, or an artifact damaged (a manifest not JSON) or removed (NotFound: the run
+            # directory removed under the cast, as after an rm -rf)
             raise self._stopped_by(exc, where="files") from None
         for effect in transition.effects:
             if type(effect) not in FILE_EFFECTS:

@@ -15,6 +15,7 @@ import pytest
 
 from castor.actors.materia.api import materia_call
 from castor.adapters.materia.artifacts import CastArtifacts
+from tests.support.waiting import wait_for
 
 from .helpers import event_types, open_session, wait_status, write_project_config
 from .test_config_warnings import GUARDED_TEXT
@@ -182,3 +183,29 @@ def test_a_start_s_run_directory_is_private_from_its_mkdir_and_not_looked_at_aga
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     assert looked == [], looked
     assert wait_status(rt, "s1", started["cast_id"])["status"] == "complete"
+
+
+@pytest.mark.timeout(60)
+def test_a_start_s_first_files_meeting_a_removed_manifest_stop_the_cast_typed_not_leave_it_waiting(
+        runtime_factory, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run directory removed while the cast's thread performs its first files (``rm -rf`` right
+    after the answer): the manifest's ``NotFound`` stops the cast with a typed error, as any damaged
+    run directory does, instead of ending the told message with the cast left waiting for ever."""
+    from castor.messages.errors import NotFound
+
+    real = CastArtifacts.write_transition
+    calls: list[int] = []
+
+    def removed_meanwhile(self: CastArtifacts, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise NotFound(f"manifest.json not found for cast {self.cast_id}", data={"cast_id": self.cast_id})
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CastArtifacts, "write_transition", removed_meanwhile)
+    rt = runtime_factory()
+    open_session(rt, "s1", project, ["hi"])
+    started = materia_call(rt, "s1", "start", {"request": "x", "loadout": "hello"})
+    view = wait_for(lambda: (lambda v: v if not v["live"] else None)(
+        materia_call(rt, "s1", "status", {"cast_id": started["cast_id"]})), timeout=10, what="the cast stopped")
+    assert view["live"] is False and calls == [1], (view, calls)
