@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.other_user import as_another_user
+from tests.support.other_user import files_nobody_reads
 
 from .conftest import castor_argv, serve_env
 
@@ -29,25 +29,6 @@ pytestmark = [pytest.mark.timeout(120),
 REQUEST = "secret-request-52ab: the staging credentials"
 ANSWER = "secret-answer-e07c"
 OUTPUT = "secret-output-3d19"
-
-
-def _files_nobody_can_open(root: Path) -> list[str]:
-    """Every regular file under ``root`` that uid nobody can open for reading."""
-    def work() -> bytes:
-        found = []
-        for dirpath, _dirnames, filenames in os.walk(root):
-            for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    with open(path, "rb"):
-                        found.append(os.path.relpath(path, root))
-                except OSError:
-                    continue
-        return json.dumps(sorted(found)).encode()
-
-    got = as_another_user(work)
-    assert not got.startswith(b"RAISED"), got
-    return json.loads(got)
 
 
 def _widen_every_directory(root: Path) -> None:
@@ -84,7 +65,7 @@ def test_every_file_castor_writes_in_a_run_directory_is_its_users_alone(reachabl
             "owner.lock", "state.lock", "abort.lock"} <= set(made), sorted(made)
     assert {name: oct(mode) for name, mode in made.items() if mode & 0o077} == {}
     _widen_every_directory(project)
-    assert _files_nobody_can_open(run) == []
+    assert files_nobody_reads(run) == []
 
 
 @pytest.mark.timeout(30)

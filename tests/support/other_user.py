@@ -130,8 +130,9 @@ def as_another_user(work: Callable[[], bytes], *, uid: int = NOBODY, timeout_s: 
     return got
 
 
-def files_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
-    """The files under ``root`` that uid nobody can read and that hold one of ``markers``."""
+def files_nobody_reads(root: Path, markers: tuple[str, ...] | None = None) -> list[str]:
+    """The files under ``root`` (sorted) that uid nobody can read and that hold one of ``markers``
+    (``None``: every file nobody can open)."""
     def work() -> bytes:
         found = []
         for dirpath, _dirnames, filenames in os.walk(root):
@@ -139,12 +140,12 @@ def files_nobody_reads(root: Path, markers: tuple[str, ...]) -> list[str]:
                 path = os.path.join(dirpath, name)
                 try:
                     with open(path, "rb") as handle:
-                        data = handle.read()
+                        data = handle.read() if markers is not None else b""
                 except OSError:
                     continue
-                if any(m.encode() in data for m in markers):
+                if markers is None or any(m.encode() in data for m in markers):
                     found.append(os.path.relpath(path, root))
-        return json.dumps(found).encode()
+        return json.dumps(sorted(found)).encode()
 
     got = as_another_user(work)
     assert not got.startswith(b"RAISED"), got

@@ -5,49 +5,16 @@ abort or crash still answers the caller at once, exactly once."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
 
-from castor.actors.icarus.hook_controller import HookClient, HookController
-from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import WorkerCrashed
-from castor.supervision import ActorSystem, ChildSpec
-from tests.support.icarus_fakes import FakeUi, FakeWorker
+from tests.support.hook_rig import MEMORY, HookRig
 
 pytestmark = pytest.mark.timeout(60)
 
-MEMORY = {"message": {"customType": "icarus-memory-context", "content": "memory", "display": True}}
-_ids = itertools.count(1)
-
-
-class Rig:
-    def __init__(self, system: ActorSystem, result: object = None) -> None:
-        self.ui = FakeUi()
-        self.worker = FakeWorker({"pre_llm_call": {"context": "memory"} if result is None else result})
-        self.hooks = system.spawn(ChildSpec(id=f"hooks{next(_ids)}", factory=lambda: HookController(
-            HookConfig(filtering=False), worker=self.worker, ui=self.ui, worker_timeout=5.0)))
-        self.client = HookClient(self.hooks, default_timeout=10)
-        self.client.event("session_start", {"session_id": "S1"})
-
-    def controller(self) -> HookController:
-        actor = self.hooks._actor
-        assert isinstance(actor, HookController)
-        return actor
-
-    def prompt_in_flight(self, *, helped: bool = True) -> tuple[threading.Thread, list, threading.Event]:
-        """A prompt whose retrieval is held in the worker (``gate``): its thread, what reached its
-        caller (``answers``: the early answer's calls, then what ``event`` returned)."""
-        gate = self.worker.gates["pre_llm_call"] = threading.Event()
-        answers: list = []
-        early = answers.append if helped else None
-        calls = len(self.worker.calls)
-        thread = threading.Thread(target=lambda: answers.append(
-            self.client.event("before_agent_start", {"prompt": "q"}, answer=early)), daemon=True)
-        thread.start()
-        assert self.worker.wait_calls(calls + 1)
-        return thread, answers, gate
+Rig = HookRig  # every prompt an ask: no prompt door
 
 
 @pytest.mark.parametrize("helped", [True, False], ids=["endpoint", "direct"])

@@ -6,43 +6,22 @@ an ``/icarus off`` racing it, a crashed worker and a step that raises are what t
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
 
-from castor.actors.icarus.hook_controller import HookClient, HookController, PromptDoor
 from castor.actors.icarus.messages import HookStatus, SetHooksEnabled
 from castor.domain.icarus import lifecycle as lc
-from castor.domain.icarus.lifecycle import HookConfig
 from castor.messages.errors import WorkerCrashed
-from castor.supervision import ActorSystem, ChildSpec
+from castor.supervision import ActorSystem
+from tests.support.hook_rig import MEMORY, HookRig
 from tests.support.icarus import wait_until
-from tests.support.icarus_fakes import FakeUi, FakeWorker
 
 pytestmark = pytest.mark.timeout(60)
 
-MEMORY = {"message": {"customType": "icarus-memory-context", "content": "memory", "display": True}}
-_ids = itertools.count(1)
 
-
-class Rig:
-    def __init__(self, system: ActorSystem, result: object = None) -> None:
-        self.ui = FakeUi()
-        self.worker = FakeWorker({"pre_llm_call": {"context": "memory"} if result is None else result})
-        self.door = PromptDoor()
-        self.hooks = system.spawn(ChildSpec(id=f"hooks{next(_ids)}", factory=lambda: HookController(
-            HookConfig(filtering=False), worker=self.worker, ui=self.ui, worker_timeout=5.0, door=self.door)))
-        self.client = HookClient(self.hooks, default_timeout=10, door=self.door)
-        self.client.event("session_start", {"session_id": "S1"})
-
-    def controller(self) -> HookController:
-        actor = self.hooks.actor
-        assert isinstance(actor, HookController)
-        return actor
-
-    def prompts(self) -> int:
-        return self.worker.functions().count("pre_llm_call")
+def Rig(system: ActorSystem, result: object = None) -> HookRig:  # noqa: N802 -- read as the rig's class
+    return HookRig(system, result, door=True)
 
 
 @pytest.mark.parametrize("helped", [True, False], ids=["endpoint", "direct"])
