@@ -287,6 +287,7 @@ class Mailbox:
                     data={"capacity": self.capacity},
                     may_have_started=False,
                 )
+            first = None  # the waiter this put wakes, once chosen
             try:
                 self._queue.append(envelope)
                 by_type = self._by_type
@@ -296,15 +297,16 @@ class Mailbox:
                     # the pop and the wake-up took the waiter with it (a parked consumer never
                     # woke, a resumer was never handed), and the message stayed queued.
                     waiters = self._waiters
-                    waiters[0].release()
+                    first = waiters[0]
+                    first.release()
                     del waiters[0]
             except BaseException:  # an interrupt (Ctrl-C on the main thread) mid-put
                 queue = self._queue
                 if queue and queue[-1] is envelope:  # it was queued: it is counted and handed
-                    self._finish_interrupted_put(envelope)
+                    self._finish_interrupted_put(envelope, first)
                 raise
 
-    def _finish_interrupted_put(self, envelope: Envelope) -> None:
+    def _finish_interrupted_put(self, envelope: Envelope, first: Any) -> None:
         """What an interrupted :meth:`put` that queued ``envelope`` left undone, done (under the
         lock, on the interrupted thread, before the interrupt goes on): its type counted (the
         count made again from the queue: the interrupt may have come before or after it was
@@ -314,13 +316,14 @@ class Mailbox:
         name = envelope.type_name
         self._by_type[name] = sum(1 for queued in self._queue if queued.type_name == name)
         waiters = self._waiters
-        if waiters:
-            waiter = waiters[0]
-            try:
-                waiter.release()
-            except RuntimeError:  # a parked consumer's lock the interrupted put had released
-                pass
-            del waiters[0]
+        if not waiters or (first is not None and waiters[0] is not first):
+            return  # the chosen waiter was woken and has left the list: the next one is not this put's
+        waiter = waiters[0]
+        try:
+            waiter.release()
+        except RuntimeError:  # a parked consumer's lock the interrupted put had released
+            pass
+        del waiters[0]
 
     def put_control(self, item: Control) -> bool:
         """Queue a control item ahead of every message; False when closed."""
