@@ -36,12 +36,10 @@ from .test_pi_cancellation import (
     wait_cast_end,
     wait_request,
 )
+from .test_pi_compact_while_turn_waits import QUEUED, SUMMARY
 
 pytestmark = [pytest.mark.pi, pytest.mark.timeout(150)]
 
-QUEUED = "queued as a follow-up"
-# The system prompt of every request of Pi's for a compaction's summary.
-SUMMARY = "context summarization assistant"
 SETTINGS = {"defaultProjectTrust": "always", "compaction": {"enabled": True, "keepRecentTokens": 50}}
 # Past Pi's auto-compaction threshold for the fake model (window 32000, 16384 reserved).
 NEAR_FULL = {"prompt_tokens": 20000, "completion_tokens": 5, "total_tokens": 20005}

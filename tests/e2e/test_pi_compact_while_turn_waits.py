@@ -129,11 +129,10 @@ def test_abort_cancelling_the_compaction_a_turn_waits_for_lets_the_turn_run(star
     assert not [e for e in session_entries(tmp_path / "sessions") if e.get("type") == "compaction"]
 
 
-def test_compact_in_the_terminal_while_the_users_run_streams_then_esc_cancels_it(start_tty, castor_command,
-                                                                                 fake_llm, tmp_path):
-    """The same in Pi's terminal UI: ``/compact`` typed while the user's prompt streams and the next
-    socket's turn waits behind it, then Esc while the summary streams. The key cancels the
-    compaction, and only that: the held turn then runs once and the cast completes."""
+def _turn_waiting_behind_the_users_run(start_tty, castor_command, fake_llm, tmp_path):
+    """Pi's terminal UI with a cast whose utility socket waits for a gate, two chat turns (something
+    to summarise), then the user's prompt streaming (its answer stalls) when the gate opens: the next
+    socket's turn is asked for and waits behind the user's run. Pi and the cast's run directory."""
     root = tmp_path / "project"
     gate = root / "go"
     write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
@@ -158,6 +157,15 @@ def test_compact_in_the_terminal_while_the_users_run_streams_then_esc_cancels_it
     gate.touch()
     wait_for(lambda: "materia: Reviewer (Socket-2)" in pi.screen_tail(100_000), timeout=15,
              what=f"Socket-2's turn asked for; Pi drew: {pi.screen_tail()!r}")
+    return pi, run
+
+
+def test_compact_in_the_terminal_while_the_users_run_streams_then_esc_cancels_it(start_tty, castor_command,
+                                                                                 fake_llm, tmp_path):
+    """The same in Pi's terminal UI: ``/compact`` typed while the user's prompt streams and the next
+    socket's turn waits behind it, then Esc while the summary streams. The key cancels the
+    compaction, and only that: the held turn then runs once and the cast completes."""
+    pi, run = _turn_waiting_behind_the_users_run(start_tty, castor_command, fake_llm, tmp_path)
     fake_llm.reply_text("CHECKPOINT-SUMMARY never sent", when=SUMMARY, delay=STALL_S)
     fake_llm.reply_text("REVIEWED-AFTER-CANCEL", when="REVIEWER-MATERIA")
     pi.type("/compact")  # Enter takes the completion Pi lists for it ...
@@ -191,30 +199,7 @@ def test_a_held_turn_waits_for_the_prompt_the_user_typed_during_the_compaction(s
     compaction ends, so the user's new run streams when the held turn is sent again. The turn waits
     for that run's end and runs once, as its own turn -- it used to go to Pi as a steer message, taken
     into the user's run after its tool call, before its answer."""
-    root = tmp_path / "project"
-    gate = root / "go"
-    write_loadout(root, {"type": "utility", "command": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"],
-                         "timeoutMs": 60000, "edges": [{"when": "always", "to": "Socket-2"}]})
-    pi = start_tty(castor_command, settings=SETTINGS)
-    wait_for(lambda: "castor: up" in pi.screen_tail(100_000), timeout=30,
-             what=f"castor up; Pi drew: {pi.screen_tail()!r}")
-    pi.type("/materia cast build the thing")
-    run = run_dir(root)
-    fake_llm.reply_text("EARLIER-ANSWER about the weather, long enough to be worth a summary", when="EARLIER-CHAT")
-    pi.type("EARLIER-CHAT about the weather, long enough to be worth a summary")
-    wait_for(lambda: "EARLIER-ANSWER" in pi.screen_tail(100_000), timeout=20,
-             what=f"the earlier answer; Pi drew: {pi.screen_tail()!r}")
-    fake_llm.reply_text("MORE-ANSWER about the weather tomorrow, so that there is something before the kept part",
-                        when="MORE-CHAT")
-    pi.type("MORE-CHAT about the weather tomorrow, so that there is something before the kept part")
-    wait_for(lambda: "MORE-ANSWER" in pi.screen_tail(100_000), timeout=20,
-             what=f"the second answer; Pi drew: {pi.screen_tail()!r}")
-    fake_llm.reply_text("USER-ANSWER never sent", when="USER-BUSY", delay=STALL_S)
-    pi.type("USER-BUSY what is going on")
-    wait_request(fake_llm, "USER-BUSY")
-    gate.touch()
-    wait_for(lambda: "materia: Reviewer (Socket-2)" in pi.screen_tail(100_000), timeout=15,
-             what=f"Socket-2's turn asked for; Pi drew: {pi.screen_tail()!r}")
+    pi, run = _turn_waiting_behind_the_users_run(start_tty, castor_command, fake_llm, tmp_path)
     summary = threading.Event()
     fake_llm.reply_text("CHECKPOINT-SUMMARY: the user chatted about the weather.", when=SUMMARY, hold=summary)
     fake_llm.reply_tool_call("bash", {"command": "echo NEXT-TOOL-RAN"}, when="USER-NEXT")
